@@ -1,0 +1,163 @@
+// Package redistest gives tests a real Redis: the server at REDIS_ADDR when
+// it is set, else a redis-server started on a free port, else (and it says
+// so) an in-process miniredis. Fault tests start servers of their own that
+// they can kill and restart.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	sharedOnce sync.Once
+	sharedAddr string
+	sharedKind string
+	sharedErr  error
+	sharedStop func()
+)
+
+// Addr returns the address of the Redis shared by a test binary's tests.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	sharedOnce.Do(func() {
+		if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+			sharedAddr, sharedKind = addr, "REDIS_ADDR"
+			return
+		}
+		if _, err := exec.LookPath("redis-server"); err == nil {
+			var s *Server
+			s, sharedErr = startServer()
+			if sharedErr == nil {
+				sharedAddr, sharedKind, sharedStop = s.Addr, "redis-server (spawned)", s.stop
+			}
+			return
+		}
+		m, err := miniredis.Run()
+		if err != nil {
+			sharedErr = err
+			return
+		}
+		sharedAddr, sharedKind, sharedStop = m.Addr(), "embedded miniredis (set REDIS_ADDR or install redis-server for a real one)", m.Close
+		fmt.Fprintln(os.Stderr, "redistest: no REDIS_ADDR and no redis-server on PATH: falling back to", sharedKind)
+	})
+	if sharedErr != nil {
+		tb.Fatalf("redistest: no Redis for the tests: %v", sharedErr)
+	}
+	return sharedAddr
+}
+
+// Kind says which Redis Addr returned.
+func Kind() string { return sharedKind }
+
+// Main runs a package's tests and stops the Redis it started, if any. Call
+// it from TestMain: os.Exit(redistest.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if sharedStop != nil {
+		sharedStop()
+	}
+	return code
+}
+
+// Client returns a client of the shared Redis, closed when the test ends.
+func Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Addr(tb)})
+	tb.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("redistest: ping %s: %v", Addr(tb), err)
+	}
+	return c
+}
+
+// Prefix returns a random key prefix, so that tests share one Redis
+// without seeing each other's keys.
+func Prefix(tb testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "test-" + hex.EncodeToString(b[:])
+}
+
+// Server is a redis-server of a test's own, which it may kill and restart.
+type Server struct {
+	Addr string
+	port int
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server on a free port for this test only; it is
+// stopped when the test ends. It needs redis-server on PATH.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatalf("redistest: this test kills and restarts its own Redis and needs redis-server on PATH (apt-get install redis-server): %v", err)
+	}
+	s, err := startServer()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.stop)
+	return s
+}
+
+func startServer() (*Server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port}
+	return s, s.Restart()
+}
+
+// Kill stops the server at once with SIGKILL; its data is lost.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+func (s *Server) stop() { s.Kill() }
+
+// Restart starts the server again on the same port, empty, and waits until
+// it answers.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start redis-server: %w", err)
+	}
+	s.cmd = cmd
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := c.Ping(context.Background()).Err(); err == nil {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: redis-server on %s did not answer: %w", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

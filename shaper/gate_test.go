@@ -1,0 +1,512 @@
+package shaper
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/windows"
+)
+
+const helperEnv = "SHAPER_GATE_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(runHelper())
+	}
+	code := redistest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// replica is one client of the gate, as a worker replica would be: its own
+// Redis connection pool and its own clock.
+type replica struct {
+	rdb  *redis.Client
+	gate *Gate
+}
+
+func newReplica(t testing.TB, addr, prefix string, clock Clock) *replica {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return &replica{rdb: rdb, gate: NewGate(rdb, Config{KeyPrefix: prefix, Clock: clock})}
+}
+
+// skewedClock is a system clock that reads offset away from the truth.
+type skewedClock struct{ offset time.Duration }
+
+func (c skewedClock) Now() time.Time { return time.Now().Add(c.offset) }
+func (c skewedClock) Sleep(ctx context.Context, d time.Duration) error {
+	return systemClock{}.Sleep(ctx, d)
+}
+
+// recorder collects the true start time of every call.
+type recorder struct {
+	mu sync.Mutex
+	ts []time.Time
+}
+
+func (r *recorder) add(t time.Time) {
+	r.mu.Lock()
+	r.ts = append(r.ts, t)
+	r.mu.Unlock()
+}
+
+func (r *recorder) times() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.ts...)
+}
+
+// drain has callers goroutines on each replica acquire permits until calls
+// permits were handed out in all, recording when each call started.
+func drain(t *testing.T, reps []*replica, bucket string, p Policy, callers, calls int, rec *recorder) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var left atomic.Int64
+	left.Store(int64(calls))
+	var wg sync.WaitGroup
+	for _, r := range reps {
+		b, err := r.gate.Bucket(bucket, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range callers {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					permit, err := b.Acquire(ctx)
+					if err != nil {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					rec.add(time.Now())
+					_ = permit.Release(ctx)
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// checkWindows asserts G1 for every limit of p: the most calls in any
+// sliding window and in the fixed windows of phases random phases.
+func checkWindows(t *testing.T, ts []time.Time, p Policy, phases int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for _, l := range p.Limits {
+		sliding := windows.MaxSliding(ts, l.Window)
+		worstFixed := 0
+		for range phases {
+			phase := time.Duration(rng.Int64N(int64(l.Window)))
+			worstFixed = max(worstFixed, windows.MaxFixed(ts, l.Window, phase))
+		}
+		t.Logf("limit %s: %d calls, most in a sliding window %d, in a fixed window (%d phases) %d",
+			l, len(ts), sliding, phases, worstFixed)
+		if sliding > l.Rate || worstFixed > l.Rate {
+			t.Errorf("G1 violated for %s: %d calls in a sliding window, %d in a fixed one", l, sliding, worstFixed)
+		}
+	}
+}
+
+func logStats(t *testing.T, r *replica, bucket string, p Policy) {
+	t.Helper()
+	b, err := r.gate.Bucket(bucket, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("gate: %d granted, %d deferred, %d given up late, %d resets", st.Granted, st.Deferred, st.Late, st.Resets)
+}
+
+// utilisation is the share of the ticks between the first and the last
+// call that carried a call: 1 when no tick was lost.
+func utilisation(ts []time.Time, iv time.Duration, burst int) float64 {
+	if len(ts) < 2 {
+		return 0
+	}
+	lo, hi := ts[0], ts[0]
+	for _, x := range ts {
+		if x.Before(lo) {
+			lo = x
+		}
+		if x.After(hi) {
+			hi = x
+		}
+	}
+	ticks := float64(hi.Sub(lo)+iv) / float64(iv)
+	return float64(len(ts)) / (ticks * float64(burst))
+}
+
+func TestGateWindowSafety(t *testing.T) {
+	addr := redistest.Addr(t)
+	ms := time.Millisecond
+	// minUtil is G2: the share of ticks that carried a call. A host stall
+	// longer than the tolerance makes every caller of the stalled ticks
+	// give them up, and with a burst of b one stall costs b grants: the
+	// burst scenarios assert a lower floor and log what they got.
+	tests := []struct {
+		name     string
+		p        Policy
+		replicas int
+		callers  int
+		calls    int
+		minUtil  float64
+	}{
+		{"few per window", Policy{Limits: []Limit{{10, 200 * ms}}}, 4, 4, 200, 0.98},
+		{"100 per second", Policy{Limits: []Limit{{100, time.Second}}}, 4, 8, 400, 0.98},
+		{"2000 per second", Policy{Limits: []Limit{{2000, time.Second}}}, 4, 16, 4000, 0.98},
+		{"two limits", Policy{Limits: []Limit{{20, 100 * ms}, {50, time.Second}}}, 4, 4, 200, 0.98},
+		{"burst 10", Policy{Limits: []Limit{{200, time.Second}}, Burst: 10}, 4, 8, 1000, 0.95},
+		{"burst 4 with two limits", Policy{Limits: []Limit{{8, 100 * ms}, {60, time.Second}}, Burst: 4}, 4, 4, 320, 0.95},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := redistest.Prefix(t)
+			var reps []*replica
+			for range tt.replicas {
+				reps = append(reps, newReplica(t, addr, prefix, nil))
+			}
+			rec := &recorder{}
+			drain(t, reps, "acme", tt.p, tt.callers, tt.calls, rec)
+			ts := rec.times()
+			if len(ts) != tt.calls {
+				t.Fatalf("%d calls started, want %d", len(ts), tt.calls)
+			}
+			checkWindows(t, ts, tt.p, 60)
+			logStats(t, reps[0], "acme", tt.p)
+			iv, burst := tt.p.Tick()
+			u := utilisation(ts, iv, burst)
+			t.Logf("utilisation %.4f of %.1f calls per %s", u, EffectiveRate(iv, burst, tt.p.Limits[0].Window), tt.p.Limits[0].Window)
+			if u < tt.minUtil {
+				t.Errorf("utilisation %.4f < %.2f", u, tt.minUtil)
+			}
+		})
+	}
+}
+
+// TestGateSkewedClocks runs replicas whose clocks disagree by seconds: the
+// waits are relative to Redis time, so the skew must not matter.
+func TestGateSkewedClocks(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	var reps []*replica
+	for _, off := range []time.Duration{-2 * time.Second, 0, 700 * time.Millisecond, 3 * time.Second} {
+		reps = append(reps, newReplica(t, addr, prefix, skewedClock{off}))
+	}
+	rec := &recorder{}
+	drain(t, reps, "acme", p, 8, 300, rec)
+	ts := rec.times()
+	checkWindows(t, ts, p, 60)
+	iv, burst := p.Tick()
+	if u := utilisation(ts, iv, burst); u < 0.98 {
+		t.Errorf("utilisation %.4f < 0.98", u)
+	}
+}
+
+// TestGateIdleThenBacklog has a backlog, then silence longer than a window,
+// then a backlog again: the gate must not catch up on the idle ticks.
+func TestGateIdleThenBacklog(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{50, 500 * time.Millisecond}}}
+	reps := []*replica{newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil)}
+	rec := &recorder{}
+	drain(t, reps, "acme", p, 8, 120, rec)
+	time.Sleep(700 * time.Millisecond)
+	drain(t, reps, "acme", p, 8, 120, rec)
+	checkWindows(t, rec.times(), p, 60)
+}
+
+// TestGateColdStartNoBurst checks the very first grants of a new bucket:
+// however many callers arrive at once, the first window holds no more than
+// the rate.
+func TestGateColdStartNoBurst(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{10, 200 * time.Millisecond}}, Burst: 5}
+	var reps []*replica
+	for range 4 {
+		reps = append(reps, newReplica(t, addr, prefix, nil))
+	}
+	rec := &recorder{}
+	drain(t, reps, "acme", p, 16, 30, rec)
+	ts := rec.times()
+	checkWindows(t, ts, p, 60)
+	// The first burst is at most Burst calls.
+	first := ts[0]
+	for _, x := range ts {
+		if x.Before(first) {
+			first = x
+		}
+	}
+	n := 0
+	for _, x := range ts {
+		if x.Sub(first) < 20*time.Millisecond {
+			n++
+		}
+	}
+	if n > 5 {
+		t.Errorf("%d calls in the first 20ms after a cold start, want <= burst 5", n)
+	}
+}
+
+// TestGateSeparateProcesses runs the replicas as separate OS processes.
+func TestGateSeparateProcesses(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	const procs, each = 3, 120
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	var cmds []*exec.Cmd
+	var outs []*strings.Builder
+	for range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"=1", "HELPER_ADDR="+addr, "HELPER_PREFIX="+prefix,
+			"HELPER_CALLS="+strconv.Itoa(each), "HELPER_RATE=100", "HELPER_WINDOW=1s")
+		out := &strings.Builder{}
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds, outs = append(cmds, cmd), append(outs, out)
+	}
+	var ts []time.Time
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("helper %d: %v", i, err)
+		}
+		sc := bufio.NewScanner(strings.NewReader(outs[i].String()))
+		for sc.Scan() {
+			ns, err := strconv.ParseInt(sc.Text(), 10, 64)
+			if err != nil {
+				t.Fatalf("helper %d printed %q", i, sc.Text())
+			}
+			ts = append(ts, time.Unix(0, ns))
+		}
+	}
+	if len(ts) != procs*each {
+		t.Fatalf("%d calls, want %d", len(ts), procs*each)
+	}
+	checkWindows(t, ts, p, 60)
+}
+
+// runHelper is a replica process for TestGateSeparateProcesses: it starts
+// HELPER_CALLS calls with 8 callers and prints their start times.
+func runHelper() int {
+	calls, _ := strconv.Atoi(os.Getenv("HELPER_CALLS"))
+	rate, _ := strconv.Atoi(os.Getenv("HELPER_RATE"))
+	window, _ := time.ParseDuration(os.Getenv("HELPER_WINDOW"))
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("HELPER_ADDR")})
+	defer rdb.Close()
+	b, err := NewGate(rdb, Config{KeyPrefix: os.Getenv("HELPER_PREFIX")}).Bucket("acme", Policy{Limits: []Limit{{rate, window}}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var left atomic.Int64
+	left.Store(int64(calls))
+	var mu sync.Mutex
+	var starts []int64
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for range 8 {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				if _, err := b.Acquire(context.Background()); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					failed.Store(true)
+					return
+				}
+				now := time.Now().UnixNano()
+				mu.Lock()
+				starts = append(starts, now)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range starts {
+		fmt.Println(s)
+	}
+	if failed.Load() {
+		return 1
+	}
+	return 0
+}
+
+// TestGateMaxInFlight has a client take a slot and die without releasing
+// it: the others must stay within the cap while its lease lives, and get
+// the slot back when the lease expires.
+func TestGateMaxInFlight(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	const leaseTTL = 1500 * time.Millisecond
+	p := Policy{Limits: []Limit{{200, time.Second}}, MaxInFlight: 2, LeaseTTL: leaseTTL}
+	reps := []*replica{newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil)}
+	ctx := context.Background()
+
+	dead, err := reps[0].gate.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dead.Acquire(ctx); err != nil { // never released: the holder "crashed"
+		t.Fatal(err)
+	}
+	crashed := time.Now()
+
+	var inFlight, peakBefore, peakAfter atomic.Int64
+	var wg sync.WaitGroup
+	stop := crashed.Add(leaseTTL + 1500*time.Millisecond)
+	for _, r := range reps[1:] {
+		b, err := r.gate.Bucket("acme", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 4 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					permit, err := b.Acquire(ctx)
+					if err != nil {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					n := inFlight.Add(1)
+					peak := &peakAfter
+					// Leave a margin around the expiry for clock differences.
+					if time.Since(crashed) < leaseTTL-100*time.Millisecond {
+						peak = &peakBefore
+					}
+					for {
+						old := peak.Load()
+						if n <= old || peak.CompareAndSwap(old, n) {
+							break
+						}
+					}
+					time.Sleep(20 * time.Millisecond) // the call
+					inFlight.Add(-1)
+					if err := permit.Release(ctx); err != nil {
+						t.Errorf("release: %v", err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	t.Logf("most calls in flight: %d while the dead lease lived, %d after it expired", peakBefore.Load(), peakAfter.Load())
+	if peakBefore.Load() != 1 {
+		t.Errorf("while a dead client holds one of 2 slots, %d calls ran at once, want 1", peakBefore.Load())
+	}
+	if peakAfter.Load() != 2 {
+		t.Errorf("after the dead lease expired, %d calls ran at once, want 2", peakAfter.Load())
+	}
+}
+
+// TestGateRedisRestart kills Redis mid-run and starts it again empty: the
+// ticks reserved before the loss still go out, and the gate must wait them
+// out instead of starting a second stream on top of them.
+func TestGateRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	var reps []*replica
+	for range 3 {
+		reps = append(reps, newReplica(t, srv.Addr, prefix, nil))
+	}
+	rec := &recorder{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errs atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(4 * time.Second)
+	for _, r := range reps {
+		b, err := r.gate.Bucket("acme", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 40 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					if _, err := b.Acquire(ctx); err != nil {
+						errs.Add(1)
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					rec.add(time.Now())
+				}
+			})
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	srv.Kill()
+	time.Sleep(300 * time.Millisecond)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	ts := rec.times()
+	t.Logf("%d calls, %d failed acquisitions while Redis was down", len(ts), errs.Load())
+	// The state was lost: the grant counter restarted from zero.
+	b, _ := reps[0].gate.Bucket("acme", p)
+	st, err := b.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Granted >= int64(len(ts)) || st.Resets != 1 {
+		t.Errorf("after the restart the gate counts %d grants and %d resets: the state was not lost (%d calls in all)", st.Granted, st.Resets, len(ts))
+	}
+	checkWindows(t, ts, p, 60)
+	// The gate recovered: calls went out after the restart.
+	last := ts[0]
+	for _, x := range ts {
+		if x.After(last) {
+			last = x
+		}
+	}
+	if time.Until(stop) > -500*time.Millisecond && last.Before(stop.Add(-time.Second)) {
+		t.Errorf("no call in the last second: the gate did not recover after the restart")
+	}
+}
+
+func TestReserveDeferredIsNotAnError(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1, time.Minute}}, Horizon: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r, err := b.Reserve(ctx)
+	if err != nil || r.OK || r.Reason != StateReset {
+		t.Fatalf("first reserve on a new bucket = %+v, %v; want deferred for a state reset", r, err)
+	}
+	if _, err := g.Bucket("a{b}", Policy{Limits: []Limit{{1, time.Second}}}); err == nil {
+		t.Error("a bucket name with a hash tag brace was accepted")
+	}
+	if _, err := g.Bucket("acme", Policy{Limits: []Limit{{1, time.Second}}, Burst: 2}); !errors.Is(err, ErrBurstOver) {
+		t.Errorf("burst over rate: err = %v, want ErrBurstOver", err)
+	}
+}

@@ -1,0 +1,174 @@
+package shaper
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Default values applied by Policy.withDefaults.
+const (
+	DefaultBurst    = 1
+	DefaultGuard    = 20 * time.Millisecond
+	DefaultHorizon  = time.Second
+	DefaultLeaseTTL = time.Minute
+	minTolerance    = time.Millisecond
+)
+
+// Limit is one limit a vendor enforces: at most Rate calls in any Window.
+type Limit struct {
+	Rate   int
+	Window time.Duration
+}
+
+func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, l.Window) }
+
+// Policy says how one bucket is shaped. The zero values of the optional
+// fields select the documented defaults.
+type Policy struct {
+	// Limits are the limits the vendor enforces; every one of them holds.
+	// Limits[0] is the primary limit, the one adaptation lowers.
+	Limits []Limit
+	// Burst is how many calls are released together on one tick,
+	// 1 <= Burst <= every limit's Rate. Default 1.
+	Burst int
+	// Guard widens every window when the spacing is computed, so that a
+	// call that starts up to Guard late (wake-up lateness plus network
+	// jitter) still lands in the right vendor window. Default 20ms.
+	// Set NoGuard to use no margin at all.
+	Guard   time.Duration
+	NoGuard bool
+	// Tolerance is how late a caller may start after its tick; a caller
+	// that wakes later gives the tick up and asks again. It must leave room
+	// for network jitter inside Guard. Default max(3/4 of Guard, 1ms).
+	Tolerance time.Duration
+	// Horizon is how far ahead of Redis time a tick may be reserved. It
+	// bounds the silence that follows a loss of the gate's state in Redis
+	// (Horizon plus one interval), and callers beyond it poll. Default 1s.
+	Horizon time.Duration
+	// MaxInFlight caps concurrent calls across all replicas; 0 means no cap.
+	MaxInFlight int
+	// LeaseTTL is how long an in-flight slot is held after its tick when
+	// its holder never releases it (a crash). Default 1m.
+	LeaseTTL time.Duration
+}
+
+// Errors returned by Policy.Validate, matched with errors.Is.
+var (
+	ErrNoLimits    = errors.New("shaper: a policy needs at least one limit")
+	ErrBadLimit    = errors.New("shaper: invalid limit")
+	ErrBurstOver   = errors.New("shaper: burst exceeds a limit's rate")
+	ErrBadDuration = errors.New("shaper: invalid duration")
+)
+
+// Validate reports the first reason the policy cannot be enforced.
+func (p Policy) Validate() error {
+	if p.Burst < 0 || p.Guard < 0 || p.Tolerance < 0 || p.Horizon < 0 || p.LeaseTTL < 0 || p.MaxInFlight < 0 {
+		return fmt.Errorf("%w: burst, guard, tolerance, horizon, lease TTL and max in flight must not be negative", ErrBadDuration)
+	}
+	if len(p.Limits) == 0 {
+		return ErrNoLimits
+	}
+	p = p.withDefaults()
+	for i, l := range p.Limits {
+		if l.Rate < 1 {
+			return fmt.Errorf("%w: limit %d rate %d: a rate must be at least 1", ErrBadLimit, i, l.Rate)
+		}
+		if l.Window <= 0 {
+			return fmt.Errorf("%w: limit %d window %s: a window must be positive", ErrBadLimit, i, l.Window)
+		}
+		if p.Burst > l.Rate {
+			return fmt.Errorf("%w: burst %d > rate %d per %s: releasing %d calls at once would overrun the vendor's fixed window; use burst <= %d",
+				ErrBurstOver, p.Burst, l.Rate, l.Window, p.Burst, l.Rate)
+		}
+		if p.Guard >= l.Window {
+			return fmt.Errorf("%w: guard %s must be shorter than the window %s", ErrBadDuration, p.Guard, l.Window)
+		}
+	}
+	return nil
+}
+
+// withDefaults returns p with every unset optional field at its default.
+func (p Policy) withDefaults() Policy {
+	if p.Burst == 0 {
+		p.Burst = DefaultBurst
+	}
+	if p.Guard == 0 && !p.NoGuard {
+		p.Guard = DefaultGuard
+	}
+	if p.Tolerance == 0 {
+		p.Tolerance = max(p.Guard*3/4, minTolerance)
+	}
+	if p.Horizon == 0 {
+		p.Horizon = DefaultHorizon
+	}
+	if p.LeaseTTL == 0 {
+		p.LeaseTTL = DefaultLeaseTTL
+	}
+	return p
+}
+
+// Tick returns the release schedule that keeps every limit of p: one tick
+// every interval, up to burst calls per tick. See tickFor for the rule.
+func (p Policy) Tick() (interval time.Duration, burst int) {
+	p = p.withDefaults()
+	return tickFor(p.Limits, p.Burst, p.Guard, 0)
+}
+
+// WithRate returns the schedule of p with its primary limit lowered to rate
+// calls per primary window (never raised above the configured rate).
+func (p Policy) WithRate(rate float64) (interval time.Duration, burst int) {
+	p = p.withDefaults()
+	return tickFor(p.Limits, p.Burst, p.Guard, rate)
+}
+
+// tickFor computes the tick for limits with the given burst and guard. If
+// primary > 0 it replaces the rate of limits[0] when it is lower.
+//
+// For a limit of r calls per w, a burst of b calls per tick may use
+// k = floor(r/b) ticks per window, spaced (w+guard)/k apart: any half-open
+// interval of length w then holds at most k ticks, so at most k*b <= r
+// calls. A rate below one call per window (adaptation only) spaces single
+// calls (w+guard)/r apart. The tick is the widest spacing over all limits,
+// rounded up to the microsecond, and the burst the smallest allowed.
+func tickFor(limits []Limit, burst int, guard time.Duration, primary float64) (time.Duration, int) {
+	if burst < 1 {
+		burst = 1
+	}
+	rates := make([]float64, len(limits))
+	for i, l := range limits {
+		rates[i] = float64(l.Rate)
+	}
+	if primary > 0 && len(rates) > 0 && primary < rates[0] {
+		rates[0] = primary
+	}
+	for _, r := range rates {
+		if r >= 1 && float64(burst) > math.Floor(r) {
+			burst = int(math.Floor(r))
+		} else if r < 1 {
+			burst = 1
+		}
+	}
+	var widest float64 // microseconds
+	for i, l := range limits {
+		k := rates[i] / float64(burst)
+		if k >= 1 {
+			k = math.Floor(k)
+		}
+		span := float64((l.Window + guard).Microseconds())
+		if iv := span / k; iv > widest {
+			widest = iv
+		}
+	}
+	return time.Duration(math.Ceil(widest)) * time.Microsecond, burst
+}
+
+// EffectiveRate is the number of calls per window of the primary limit
+// that a tick of interval with burst calls releases.
+func EffectiveRate(interval time.Duration, burst int, window time.Duration) float64 {
+	if interval <= 0 {
+		return 0
+	}
+	return float64(burst) * float64(window) / float64(interval)
+}
