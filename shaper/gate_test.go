@@ -510,3 +510,55 @@ func TestReserveDeferredIsNotAnError(t *testing.T) {
 		t.Errorf("burst over rate: err = %v, want ErrBurstOver", err)
 	}
 }
+
+// TestGateStateIsSmall checks that a bucket's state in Redis is a few small
+// keys whatever has passed through it.
+func TestGateStateIsSmall(t *testing.T) {
+	rdb := redistest.Client(t)
+	if strings.Contains(redistest.Kind(), "miniredis") {
+		t.Skip("MEMORY USAGE needs a real Redis; set REDIS_ADDR")
+	}
+	prefix := redistest.Prefix(t)
+	g := NewGate(rdb, Config{KeyPrefix: prefix})
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1_000_000, time.Second}}, NoGuard: true, MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := b.Pause(ctx, time.Millisecond, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetRate(ctx, 900_000, "test"); err != nil {
+		t.Fatal(err)
+	}
+	granted := 0
+	for granted < 5000 {
+		r, err := b.Reserve(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.OK {
+			granted++
+			if err := b.release(ctx, r.lease, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	keys, err := rdb.Keys(ctx, prefix+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := int64(0)
+	for _, k := range keys {
+		n, err := rdb.MemoryUsage(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d bytes", k, n)
+		total += n
+	}
+	t.Logf("%d keys, %d bytes after %d grants", len(keys), total, granted)
+	if len(keys) > 4 || total > 2048 {
+		t.Errorf("gate state is %d keys, %d bytes: want at most 4 keys and 2 KiB", len(keys), total)
+	}
+}

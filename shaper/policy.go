@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -22,7 +23,20 @@ type Limit struct {
 	Window time.Duration
 }
 
-func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, l.Window) }
+func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, FormatDuration(l.Window)) }
+
+// FormatDuration prints d like time.Duration.String without zero units:
+// "24h", "1m30s", "250ms".
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
 
 // Policy says how one bucket is shaped. The zero values of the optional
 // fields select the documented defaults.

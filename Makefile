@@ -1,0 +1,23 @@
+# The commands the README names. Tests need a Redis: REDIS_ADDR, else a
+# redis-server on PATH is started on a free port (see internal/redistest).
+GO ?= go
+STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
+
+.PHONY: test bench lint fuzz
+
+# -p 1: the timing tests of different packages must not compete for the
+# machine's two cores.
+test:
+	$(GO) test -race -count=1 -p 1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
+	benchstat bench.txt
+
+lint:
+	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./config

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Work with the config file"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "check",
+		Short: "Validate the config file and print each vendor's release tick",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, _ := cmd.Flags().GetString("config")
+			cfg, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			printCheck(cmd.OutOrStdout(), cfg)
+			return nil
+		},
+	})
+	return cmd
+}
+
+func printCheck(w io.Writer, cfg *config.Config) {
+	redis := cfg.Redis.Addr
+	if cfg.Redis.Embedded() {
+		redis = "embedded in-process Redis (not durable; for trying shaper on one machine)"
+	}
+	fmt.Fprintf(w, "%s: ok, %d vendor(s), redis: %s\n\n", cfg.Path, len(cfg.Vendors), redis)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VENDOR\tLIMITS\tBURST\tGUARD\tRELEASE TICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
+	for _, v := range cfg.Vendors {
+		p := v.Policy()
+		iv, burst := p.Tick()
+		limits := ""
+		for i, l := range p.Limits {
+			if i > 0 {
+				limits += " and "
+			}
+			limits += l.String()
+		}
+		ql, mif := "unbounded", "no cap"
+		if v.QueueLimit > 0 {
+			ql = fmt.Sprint(v.QueueLimit)
+		}
+		if v.MaxInFlight > 0 {
+			mif = fmt.Sprint(v.MaxInFlight)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", v.Name, limits, burst, shaper.FormatDuration(v.Guard),
+			burst, iv, shaper.EffectiveRate(iv, burst, v.Window), shaper.FormatDuration(v.Window), ql, mif)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,141 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+func TestExampleConfig(t *testing.T) {
+	cfg, err := Load("../config.toml")
+	if err != nil {
+		t.Fatalf("the documented example does not load: %v", err)
+	}
+	if got := cfg.VendorNames(); strings.Join(got, ",") != "acme,crm" {
+		t.Errorf("vendors = %v", got)
+	}
+	acme, _ := cfg.Vendor("acme")
+	want := Vendor{Name: "acme", BaseURL: "https://api.acme.example", Rate: 100, Window: time.Second, Burst: 1,
+		Guard: 20 * time.Millisecond, QueueLimit: 100000}
+	if acme.Name != want.Name || acme.BaseURL != want.BaseURL || acme.Rate != want.Rate || acme.Window != want.Window ||
+		acme.Burst != want.Burst || acme.Guard != want.Guard || acme.QueueLimit != want.QueueLimit || acme.MaxInFlight != 0 {
+		t.Errorf("acme = %+v, want %+v", acme, want)
+	}
+	crm, _ := cfg.Vendor("crm")
+	if len(crm.Limits) != 1 || crm.Limits[0] != (shaper.Limit{Rate: 5000, Window: 24 * time.Hour}) || crm.MaxInFlight != 4 {
+		t.Errorf("crm = %+v", crm)
+	}
+	if !cfg.Redis.Embedded() {
+		t.Errorf("redis.addr empty should mean embedded")
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Parse("c.toml", []byte("[vendors.a]\nbase_url = \"http://x\"\nrate = 7\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := cfg.Vendors[0]
+	if v.Window != DefaultWindow || v.Burst != 1 || v.Guard != DefaultGuard || v.QueueLimit != DefaultQueueLimit || v.MaxInFlight != 0 {
+		t.Errorf("defaults = %+v", v)
+	}
+	iv, burst := v.Policy().Tick()
+	if iv != 145715*time.Microsecond || burst != 1 { // 1.02s/7 = 145714.28µs, rounded up
+		t.Errorf("tick = %v x%d", iv, burst)
+	}
+}
+
+func TestEnvOverridesRedis(t *testing.T) {
+	t.Setenv("SHAPER_REDIS_ADDR", "10.0.0.5:6380")
+	t.Setenv("SHAPER_REDIS_PASSWORD", "s3cret")
+	cfg, err := Parse("c.toml", []byte("[redis]\naddr = \"\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.Addr != "10.0.0.5:6380" || cfg.Redis.Password != "s3cret" {
+		t.Errorf("redis = %+v", cfg.Redis)
+	}
+}
+
+func TestInvalidConfigs(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want []string // substrings of the error, in any order
+	}{
+		{"dotted vendor name", "[vendors.\"api.example.com\"]\nbase_url = \"https://x\"\nrate = 1\n",
+			[]string{"c.toml:1:", `vendor name "api.example.com" must match ^[a-z0-9_-]+$`, "[vendors.api-example-com]"}},
+		{"upper-case vendor name", "[vendors.Acme]\nbase_url = \"https://x\"\nrate = 1\n",
+			[]string{"c.toml:1:", `"Acme"`, "[vendors.acme]"}},
+		{"burst above rate", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 10\nburst = 20\n",
+			[]string{"c.toml:4:", "vendors.acme.burst", "20 > rate 10", "overrun the vendor's fixed window", "burst <= 10"}},
+		{"burst above an extra limit", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nburst = 10\nlimits = [{ rate = 5, window = \"100ms\" }]\n",
+			[]string{"c.toml:4:", "10 > 5 per 100ms"}},
+		{"missing rate", "[vendors.acme]\nbase_url = \"https://x\"\n", []string{"c.toml:1:", "rate is required"}},
+		{"zero rate", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 0\n", []string{"c.toml:3:", "vendors.acme.rate", "at least 1"}},
+		{"rate as a string", "[vendors.acme]\nbase_url = \"https://x\"\nrate = \"100\"\n", []string{"c.toml:3:", "want a whole number"}},
+		{"window without unit", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nwindow = 1\n", []string{"c.toml:4:", "vendors.acme.window", "duration string"}},
+		{"bad window", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nwindow = \"1 sec\"\n", []string{"c.toml:4:", `"1 sec"`}},
+		{"guard not shorter than window", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nwindow = \"10ms\"\nguard = \"10ms\"\n", []string{"c.toml:5:", "shorter than the window"}},
+		{"missing base_url", "[vendors.acme]\nrate = 1\n", []string{"c.toml:1:", "base_url is required"}},
+		{"relative base_url", "[vendors.acme]\nbase_url = \"api.acme.example\"\nrate = 1\n", []string{"c.toml:2:", "absolute http:// or https://"}},
+		{"typo in a key", "[vendors.acme]\nbase_url = \"https://x\"\nrat = 1\n", []string{"c.toml:3:", "vendors.acme.rat", `did you mean "rate"`}},
+		{"unknown table", "[vendor.acme]\nrate = 1\n", []string{"c.toml:1:", "vendor", `did you mean "vendors"`}},
+		{"negative queue_limit", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nqueue_limit = -1\n", []string{"c.toml:4:", "at least 0"}},
+		{"bad redis addr", "[redis]\naddr = \"localhost\"\n", []string{"c.toml:2:", "redis.addr", "host:port"}},
+		{"bad limits", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nlimits = [{ rate = 5 }]\n", []string{"c.toml:4:", "item 1", "window"}},
+		{"TOML syntax", "[vendors.acme]\nrate = = 1\n", []string{"c.toml:2:", "TOML syntax"}},
+		{"two errors at once", "[vendors.a]\nbase_url = \"https://x\"\nrate = 0\n[vendors.b]\nbase_url = \"https://x\"\nrate = 1\nburst = 2\n",
+			[]string{"c.toml:3:", "c.toml:7:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("c.toml", []byte(tt.toml))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error does not wrap ErrInvalid: %v", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load("/nonexistent/shaper.toml")
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("err = %v, want not-exist", err)
+	}
+}
+
+// FuzzParse checks that no input makes Parse panic, and that what it
+// accepts is a config the gate can enforce.
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile("../config.toml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte("[vendors.a]\nbase_url = \"https://x\"\nrate = 3\nburst = 3\nlimits = [{ rate = 3, window = \"1m\" }]\n"))
+	f.Add([]byte("[vendors.\"a.b\"]\nrate = 1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse("fuzz.toml", data)
+		if err != nil {
+			return
+		}
+		for _, v := range cfg.Vendors {
+			if err := v.Policy().Validate(); err != nil {
+				t.Errorf("accepted vendor %s with an invalid policy: %v", v.Name, err)
+			}
+		}
+	})
+}
