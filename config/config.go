@@ -36,8 +36,28 @@ type Config struct {
 	// Path is the file the config was read from.
 	Path    string
 	Redis   Redis
+	Worker  Worker
 	Vendors []Vendor // sorted by name
 }
+
+// Worker is the [worker] table.
+type Worker struct {
+	// MaxWait is the longest a task holds a worker goroutine waiting for
+	// its tick; longer waits (pauses) send it back to the queue.
+	MaxWait         time.Duration
+	ShutdownTimeout time.Duration // calls in flight get this long to finish
+	Retention       time.Duration // finished calls (and their results) are kept this long
+	MaxRetry        int           // retries of failed calls; waits and 429s never count
+}
+
+// Worker defaults.
+const (
+	DefaultMaxWait         = 5 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultRetention       = 24 * time.Hour
+	DefaultMaxRetry        = 25
+	DefaultTimeout         = 30 * time.Second
+)
 
 // Redis says how to reach Redis.
 type Redis struct {
@@ -67,6 +87,8 @@ type Vendor struct {
 	QueueLimit  int // 0: unbounded
 	MaxInFlight int // 0: no cap
 	Limits      []shaper.Limit
+	Timeout     time.Duration // one call, from its tick
+	Concurrency int           // worker budget per process; 0: sized from the rate
 }
 
 // Policy returns the gate policy of the vendor.
@@ -108,9 +130,10 @@ var vendorName = regexp.MustCompile(`^[a-z0-9_-]+$`)
 
 var (
 	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster"}
-	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits"}
+	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency"}
+	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window"}
-	topKeys    = []string{"redis", "vendors"}
+	topKeys    = []string{"redis", "worker", "vendors"}
 )
 
 // Load reads and validates the config file at path. SHAPER_REDIS_ADDR,
@@ -155,6 +178,12 @@ func Parse(path string, data []byte) (*Config, error) {
 		p.errorf("redis", "", "[redis] must be a table")
 	}
 	cfg.Redis = p.redis()
+	if wt, ok := raw["worker"].(map[string]any); ok {
+		p.unknownKeys("worker", wt, workerKeys)
+	} else if _, present := raw["worker"]; present {
+		p.errorf("worker", "", "[worker] must be a table")
+	}
+	cfg.Worker = p.worker()
 	vendors, _ := raw["vendors"].(map[string]any)
 	if _, present := raw["vendors"]; present && vendors == nil {
 		p.errorf("vendors", "", "vendors must be tables like [vendors.acme]")
@@ -252,8 +281,23 @@ func (p *parser) redis() Redis {
 	return r
 }
 
+func (p *parser) worker() Worker {
+	w := Worker{
+		MaxWait:         p.duration("worker", "max_wait", DefaultMaxWait),
+		ShutdownTimeout: p.duration("worker", "shutdown_timeout", DefaultShutdownTimeout),
+		Retention:       p.duration("worker", "retention", DefaultRetention),
+	}
+	w.MaxRetry, _ = p.integer("worker", "max_retry", 1, DefaultMaxRetry)
+	for key, d := range map[string]time.Duration{"max_wait": w.MaxWait, "shutdown_timeout": w.ShutdownTimeout, "retention": w.Retention} {
+		if d <= 0 {
+			p.errorf("worker", key, "%s: must be positive", d)
+		}
+	}
+	return w
+}
+
 func checkAddr(addr string) error {
-	if strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://") || strings.HasPrefix(addr, "unix://") {
+	if strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://") {
 		if _, err := url.Parse(addr); err != nil {
 			return fmt.Errorf("not a valid URL: %v", err)
 		}
@@ -299,6 +343,11 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	}
 	vd.QueueLimit, _ = p.integer(t, "queue_limit", 0, DefaultQueueLimit)
 	vd.MaxInFlight, _ = p.integer(t, "max_in_flight", 0, 0)
+	vd.Concurrency, _ = p.integer(t, "concurrency", 0, 0)
+	vd.Timeout = p.duration(t, "timeout", DefaultTimeout)
+	if vd.Timeout <= 0 {
+		p.errorf(t, "timeout", "%s: must be positive, e.g. timeout = \"30s\"", vd.Timeout)
+	}
 	if vd.Rate > 0 && vd.Burst > vd.Rate {
 		p.errorf(t, "burst", "%d > rate %d: releasing %d calls on one tick would overrun the vendor's fixed window; set burst <= %d (1 spreads calls evenly)", vd.Burst, vd.Rate, vd.Burst, vd.Rate)
 	}

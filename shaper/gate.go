@@ -174,14 +174,17 @@ if mb and mb < burst then burst = mb end
 
 local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at')
 local last = tonumber(st[1])
+local n = tonumber(st[2]) or 0
+local deferred = 1
 if last == nil then
   -- First use, or the state was lost with ticks still reserved; those
   -- reach at most now + horizon, so the next tick comes an interval later.
-  redis.call('HSET', KEYS[1], 'last', string.format('%d', now + horizon), 'n', burst)
+  last = now + horizon
+  n = burst
+  deferred = 3
+  redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n)
   redis.call('HINCRBY', KEYS[3], 'resets', 1)
-  return {0, interval, 3}
 end
-local n = tonumber(st[2]) or 0
 local tick
 if last >= now and last >= paused and n < burst then
   tick = last
@@ -197,7 +200,7 @@ if tick - now > horizon then
   local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
   redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
-  return {0, at - now, 1}
+  return {0, at - now, deferred}
 end
 if maxif > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
@@ -288,21 +291,33 @@ func (p *Permit) Release(ctx context.Context) error {
 // its tick or not at all; a caller that wakes later gives the tick up and
 // asks again. It returns an error when ctx ends or Redis fails.
 func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
+	p, _, err := b.AcquireWithin(ctx, 0)
+	return p, err
+}
+
+// AcquireWithin is Acquire for callers that must not hold a goroutine
+// through a long wait (a pause of an hour): when the next chance to call
+// is further away than maxWait, it returns no permit and how long to wait
+// before trying again. maxWait <= 0 means no bound.
+func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
 	clock := b.gate.clock
 	for {
 		sent := clock.Now()
 		r, err := b.Reserve(ctx)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		recv := clock.Now()
 		if !r.OK {
 			wait := r.Wait
-			if r.Reason != BeyondHorizon { // those come back one tick apart already
+			if r.Reason == InFlightFull { // the others come back one tick apart already
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
 			}
+			if maxWait > 0 && wait > maxWait {
+				return nil, wait, nil
+			}
 			if err := clock.Sleep(ctx, wait); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			continue
 		}
@@ -314,16 +329,16 @@ func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
 		tick := recv.Add(r.Wait)
 		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
 			_ = b.release(context.WithoutCancel(ctx), r.lease, false)
-			return nil, err
+			return nil, 0, err
 		}
 		late := clock.Now().Sub(earliest)
 		if late > b.policy.Tolerance {
 			if err := b.release(ctx, r.lease, true); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			continue
 		}
-		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease}, nil
+		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease}, 0, nil
 	}
 }
 

@@ -25,6 +25,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "config.toml", "config file")
-	root.AddCommand(newConfigCmd())
+	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd())
 	return root
 }

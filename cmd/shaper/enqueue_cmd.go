@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/queue"
+)
+
+func newEnqueueCmd() *cobra.Command {
+	var vendor, path, method, body, file, id string
+	var headers []string
+	cmd := &cobra.Command{
+		Use:   "enqueue",
+		Short: "Queue one vendor call, or one per line of an NDJSON file",
+		Long: `Queue one call (--path) or every line of an NDJSON file (--file, - for stdin):
+
+  {"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
+
+Every line is validated first; bad lines are reported with their numbers and
+nothing is enqueued. An id makes enqueueing idempotent: re-running a file
+queues nothing twice.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if vendor == "" {
+				return errors.New("--vendor is required")
+			}
+			if (path == "") == (file == "") {
+				return errors.New("give either --path (one call) or --file (an NDJSON job file)")
+			}
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+				out := cmd.OutOrStdout()
+				if file != "" {
+					calls, err := readJobs(cmd, file)
+					if err != nil {
+						return err
+					}
+					res, err := c.EnqueueBatch(ctx, vendor, calls)
+					if err != nil {
+						return err
+					}
+					waiting, _ := c.Waiting(ctx, vendor)
+					fmt.Fprintf(out, "enqueued %d, already queued %d, on vendor %s (%d waiting)\n", res.Enqueued, res.AlreadyQueued, vendor, waiting)
+					return nil
+				}
+				call := queue.Call{Vendor: vendor, ID: id, Method: strings.ToUpper(method), Path: path}
+				if body != "" {
+					call.Body = json.RawMessage(body)
+				}
+				if len(headers) > 0 {
+					call.Headers = map[string]string{}
+				}
+				for _, h := range headers {
+					k, v, ok := strings.Cut(h, ":")
+					if !ok {
+						return fmt.Errorf("--header %q: want 'Name: value'", h)
+					}
+					call.Headers[strings.TrimSpace(k)] = strings.TrimSpace(v)
+				}
+				taskID, err := c.Enqueue(ctx, call)
+				if errors.Is(err, queue.ErrDuplicate) {
+					fmt.Fprintln(out, taskID, "(already queued)")
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out, taskID)
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&vendor, "vendor", "", "vendor name (a [vendors.NAME] table)")
+	f.StringVar(&path, "path", "", "path on the vendor's base_url, e.g. /orders/1042")
+	f.StringVar(&method, "method", "GET", "HTTP method")
+	f.StringArrayVar(&headers, "header", nil, "header 'Name: value' (repeatable)")
+	f.StringVar(&body, "body", "", "JSON body")
+	f.StringVar(&id, "id", "", "call id: makes enqueueing idempotent and is the Idempotency-Key")
+	f.StringVar(&file, "file", "", "NDJSON job file, - for stdin")
+	return cmd
+}
+
+// readJobs reads and validates a job file; all bad lines in one error.
+func readJobs(cmd *cobra.Command, file string) ([]queue.Call, error) {
+	var r io.Reader = cmd.InOrStdin()
+	name := "stdin"
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r, name = f, file
+	}
+	calls, err := queue.ParseJobs(r)
+	if err != nil {
+		var b strings.Builder
+		n := 0
+		for _, e := range unwrapJoined(err) {
+			var le *queue.JobLineError
+			if errors.As(e, &le) {
+				n++
+				if n <= 50 {
+					fmt.Fprintf(&b, "%s:%d: %v\n", name, le.Line, le.Err)
+				}
+			}
+		}
+		if n > 50 {
+			fmt.Fprintf(&b, "... and %d more\n", n-50)
+		}
+		return nil, fmt.Errorf("%d bad line(s) in %s; nothing was enqueued:\n%s", n, name, strings.TrimRight(b.String(), "\n"))
+	}
+	if len(calls) == 0 {
+		return nil, fmt.Errorf("%s has no job lines; nothing was enqueued", name)
+	}
+	return calls, nil
+}
+
+func unwrapJoined(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+func newExportCmd() *cobra.Command {
+	var vendor, file, id string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Queue a job file as one named export, and optionally wait for it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if vendor == "" || file == "" {
+				return errors.New("--vendor and --file are required")
+			}
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+				calls, err := readJobs(cmd, file)
+				if err != nil {
+					return err
+				}
+				e, res, err := c.StartExport(ctx, id, vendor, calls)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				fmt.Fprintf(out, "export %s: %d calls on vendor %s (enqueued %d, already queued %d)\n", e.ID, e.Total, vendor, res.Enqueued, res.AlreadyQueued)
+				if !wait {
+					fmt.Fprintf(out, "follow it with: shaper export status %s\n", e.ID)
+					return nil
+				}
+				return watchExport(ctx, out, c, e.ID)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&vendor, "vendor", "", "vendor name")
+	f.StringVar(&file, "file", "", "NDJSON job file, - for stdin")
+	f.StringVar(&id, "id", "", "export id (default: a fresh one); re-running with the same id and call ids queues nothing twice")
+	f.BoolVar(&wait, "wait", false, "show progress until the export completes")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "status ID",
+		Short: "Report an export's progress",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+				e, err := c.ExportStatus(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				state := "running"
+				if e.Finished() {
+					state = "finished"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "export %s on %s: %s, %d done, %d failed, %d total (started %s)\n",
+					e.ID, e.Vendor, state, e.Done, e.Failed, e.Total, e.Created.Format(time.RFC3339))
+				return nil
+			})
+		},
+	})
+	return cmd
+}
+
+// watchExport prints progress (done, failed, total, rate, ETA) until the
+// export finishes, then a summary.
+func watchExport(ctx context.Context, out io.Writer, c *queue.Client, id string) error {
+	tty := isTerminal(out)
+	start := time.Now()
+	var first queue.Export
+	lastPrint := time.Time{}
+	for i := 0; ; i++ {
+		e, err := c.ExportStatus(ctx, id)
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			first = e
+		}
+		elapsed := time.Since(start)
+		ended := e.Done + e.Failed - first.Done - first.Failed
+		rate := float64(ended) / max(elapsed.Seconds(), 0.001)
+		eta := "?"
+		if rate > 0 {
+			eta = (time.Duration(float64(e.Total-e.Done-e.Failed)/rate) * time.Second).Round(time.Second).String()
+		}
+		line := fmt.Sprintf("%s %d/%d done, %d failed, %.1f calls/s, ETA %s", bar(e.Done+e.Failed, e.Total, 30), e.Done, e.Total, e.Failed, rate, eta)
+		if tty {
+			fmt.Fprintf(out, "\r%s   ", line)
+		} else if time.Since(lastPrint) >= 5*time.Second || e.Finished() {
+			fmt.Fprintln(out, line)
+			lastPrint = time.Now()
+		}
+		if e.Finished() {
+			if tty {
+				fmt.Fprintln(out)
+			}
+			fmt.Fprintf(out, "export %s finished in %s: %d done, %d failed of %d\n", id, elapsed.Round(100*time.Millisecond), e.Done, e.Failed, e.Total)
+			if e.Failed > 0 {
+				return fmt.Errorf("%d call(s) of export %s failed; see the archived tasks of queue %s", e.Failed, id, queue.QueueName(e.Vendor))
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func bar(n, total int64, width int) string {
+	if total <= 0 {
+		return "[" + strings.Repeat(" ", width) + "]"
+	}
+	fill := int(float64(width) * float64(n) / float64(total))
+	fill = min(max(fill, 0), width)
+	return "[" + strings.Repeat("#", fill) + strings.Repeat(".", width-fill) + "]"
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,280 @@
+// Package queue is shaper's job runner on asynq: enqueueing vendor calls
+// and user tasks bound to a vendor, and the worker that runs them. Each
+// vendor is one asynq queue ("vendor:<name>", the bucket) served by its own
+// asynq.Server, so a vendor's backlog or pause never delays another; every
+// outbound call passes the vendor's gate, per call, not per job.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+// TypeCall is the task type of the built-in vendor call.
+const TypeCall = "vendor:call"
+
+// Defaults.
+const (
+	DefaultMaxRetry  = 25
+	DefaultRetention = 24 * time.Hour
+)
+
+// Errors returned by Enqueue, matched with errors.Is.
+var (
+	ErrUnknownVendor = errors.New("queue: unknown vendor")
+	ErrBucketFull    = errors.New("queue: vendor queue is full")
+	ErrDuplicate     = errors.New("queue: a call with this id is already queued")
+	ErrBadCall       = errors.New("queue: invalid call")
+)
+
+// QueueName is the asynq queue of a vendor's bucket.
+func QueueName(vendor string) string { return "vendor:" + shaper.VendorBucket(vendor) }
+
+// Call is one HTTP call to a vendor.
+type Call struct {
+	Vendor string `json:"vendor"`
+	// ID, when set, makes enqueueing idempotent: it becomes the task id
+	// and the Idempotency-Key header, and a second call with the same id
+	// is refused with ErrDuplicate while the first is kept.
+	ID      string            `json:"id,omitempty"`
+	Method  string            `json:"method"` // default GET
+	Path    string            `json:"path"`   // relative to the vendor's base_url
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is sent as is; a JSON body gets Content-Type: application/json
+	// unless Headers set one.
+	Body   json.RawMessage `json:"body,omitempty"`
+	Export string          `json:"export,omitempty"` // the export it belongs to, if any
+}
+
+var (
+	methodRe = regexp.MustCompile(`^[A-Z]+$`)
+	idRe     = regexp.MustCompile(`^[A-Za-z0-9._:@/+=-]{1,200}$`)
+)
+
+// Validate reports what is wrong with c, without the vendor check.
+func (c *Call) Validate() error {
+	if c.Method == "" {
+		c.Method = http.MethodGet
+	}
+	if !methodRe.MatchString(c.Method) {
+		return fmt.Errorf("%w: method %q: want an upper-case HTTP method such as GET or POST", ErrBadCall, c.Method)
+	}
+	if err := vendorclients.CheckPath(c.Path); err != nil {
+		return fmt.Errorf("%w: path: %v", ErrBadCall, err)
+	}
+	if c.ID != "" && !idRe.MatchString(c.ID) {
+		return fmt.Errorf("%w: id %q: use 1-200 letters, digits and ._:@/+=-", ErrBadCall, c.ID)
+	}
+	for k := range c.Headers {
+		if k == "" || strings.ContainsAny(k, " :\r\n") {
+			return fmt.Errorf("%w: header name %q", ErrBadCall, k)
+		}
+		if strings.EqualFold(k, "Idempotency-Key") {
+			return fmt.Errorf("%w: header Idempotency-Key is set by shaper from the task id; give the call an id instead", ErrBadCall)
+		}
+	}
+	for k, v := range c.Headers {
+		if strings.ContainsAny(v, "\r\n") {
+			return fmt.Errorf("%w: header %s has a line break", ErrBadCall, k)
+		}
+	}
+	if len(c.Body) > 0 && !json.Valid(c.Body) {
+		return fmt.Errorf("%w: body is not valid JSON", ErrBadCall)
+	}
+	return nil
+}
+
+// VendorQueue is what the client needs to know of a vendor.
+type VendorQueue struct {
+	Name       string
+	QueueLimit int // 0: unbounded
+}
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	Vendors   []VendorQueue
+	MaxRetry  int           // retries of failed calls (not of waits or 429s); default 25
+	Retention time.Duration // how long finished calls are kept; default 24h
+	KeyPrefix string        // gate and export keys; default "shaper"
+}
+
+// Client enqueues calls and tasks.
+type Client struct {
+	rdb     redis.UniversalClient
+	aq      *asynq.Client
+	vendors map[string]VendorQueue
+	cfg     ClientConfig
+}
+
+// NewClient returns a client on rdb. Close it when done; it never closes
+// rdb.
+func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
+	if cfg.MaxRetry <= 0 {
+		cfg.MaxRetry = DefaultMaxRetry
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = shaper.DefaultKeyPrefix
+	}
+	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]VendorQueue{}, cfg: cfg}
+	for _, v := range cfg.Vendors {
+		c.vendors[v.Name] = v
+	}
+	return c
+}
+
+// Close releases the client.
+func (c *Client) Close() error { return c.aq.Close() }
+
+func (c *Client) vendor(name string) (VendorQueue, error) {
+	v, ok := c.vendors[name]
+	if !ok {
+		known := make([]string, 0, len(c.vendors))
+		for n := range c.vendors {
+			known = append(known, n)
+		}
+		return VendorQueue{}, fmt.Errorf("%w %q: configured vendors are %s", ErrUnknownVendor, name, strings.Join(known, ", "))
+	}
+	return v, nil
+}
+
+// Waiting returns how many tasks wait in or run from the vendor's queue:
+// pending, active, scheduled and retry.
+func (c *Client) Waiting(ctx context.Context, vendor string) (int64, error) {
+	q := QueueName(vendor)
+	pipe := c.rdb.Pipeline()
+	cmds := []interface{ Val() int64 }{
+		pipe.LLen(ctx, "asynq:{"+q+"}:pending"),
+		pipe.LLen(ctx, "asynq:{"+q+"}:active"),
+		pipe.ZCard(ctx, "asynq:{"+q+"}:scheduled"),
+		pipe.ZCard(ctx, "asynq:{"+q+"}:retry"),
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("queue: count %s's queue: %w", vendor, err)
+	}
+	var n int64
+	for _, cmd := range cmds {
+		n += cmd.Val()
+	}
+	return n, nil
+}
+
+// Room checks that n more calls fit in the vendor's queue_limit.
+func (c *Client) Room(ctx context.Context, vendor string, n int) error {
+	v, err := c.vendor(vendor)
+	if err != nil {
+		return err
+	}
+	if v.QueueLimit <= 0 {
+		return nil
+	}
+	waiting, err := c.Waiting(ctx, vendor)
+	if err != nil {
+		return err
+	}
+	if waiting+int64(n) > int64(v.QueueLimit) {
+		return fmt.Errorf("%w: %s has %d of %d (queue_limit) waiting, and %d more do not fit; wait for the queue to drain or raise queue_limit",
+			ErrBucketFull, vendor, waiting, v.QueueLimit, n)
+	}
+	return nil
+}
+
+// Enqueue validates call and queues it on its vendor, returning the task
+// id. It fails with ErrUnknownVendor, ErrBucketFull, ErrBadCall or
+// ErrDuplicate (the id is already queued: nothing was added).
+func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
+	if err := call.Validate(); err != nil {
+		return "", err
+	}
+	if err := c.Room(ctx, call.Vendor, 1); err != nil {
+		return "", err
+	}
+	return c.enqueueChecked(ctx, call)
+}
+
+func (c *Client) enqueueChecked(ctx context.Context, call Call) (string, error) {
+	payload, err := json.Marshal(call)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrBadCall, err)
+	}
+	info, err := c.EnqueueTask(ctx, call.Vendor, asynq.NewTask(TypeCall, payload), taskIDOption(call.ID)...)
+	if err != nil {
+		return call.ID, err
+	}
+	return info.ID, nil
+}
+
+func taskIDOption(id string) []asynq.Option {
+	if id == "" {
+		return nil
+	}
+	return []asynq.Option{asynq.TaskID(id)}
+}
+
+// EnqueueTask queues a task of the user's own type on vendor's queue, with
+// shaper's retry budget and retention; opts may override them. Register
+// its handler with Worker.Handle.
+func (c *Client) EnqueueTask(ctx context.Context, vendor string, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	if _, err := c.vendor(vendor); err != nil {
+		return nil, err
+	}
+	all := append([]asynq.Option{asynq.Queue(QueueName(vendor)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
+	info, err := c.aq.EnqueueContext(ctx, t, all...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, vendor)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("queue: enqueue on %s: %w", vendor, err)
+	}
+	return info, nil
+}
+
+// BatchResult counts what EnqueueBatch did.
+type BatchResult struct {
+	Enqueued      int
+	AlreadyQueued int
+	IDs           []string
+}
+
+// EnqueueBatch queues calls that were all validated first, all on one
+// vendor, after checking they fit in its queue_limit together. Calls whose
+// id is already queued are counted, not added again.
+func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) (BatchResult, error) {
+	var res BatchResult
+	for i := range calls {
+		calls[i].Vendor = vendor
+		if err := calls[i].Validate(); err != nil {
+			return res, fmt.Errorf("call %d: %w", i+1, err)
+		}
+	}
+	if err := c.Room(ctx, vendor, len(calls)); err != nil {
+		return res, err
+	}
+	for _, call := range calls {
+		id, err := c.enqueueChecked(ctx, call)
+		switch {
+		case errors.Is(err, ErrDuplicate):
+			res.AlreadyQueued++
+		case err != nil:
+			return res, err
+		default:
+			res.Enqueued++
+			res.IDs = append(res.IDs, id)
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,105 @@
+package queue
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// JobLineError is one bad line of a job file.
+type JobLineError struct {
+	Line int
+	Err  error
+}
+
+func (e *JobLineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
+
+// maxJobLine bounds one line of a job file (its body included).
+const maxJobLine = 4 << 20
+
+// ParseJobs reads NDJSON job lines, one call each:
+//
+//	{"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
+//
+// method defaults to GET; id is optional (it makes enqueueing idempotent).
+// Blank lines are skipped. Every line is checked; all bad ones are
+// returned (as *JobLineError, joined), so that nothing is enqueued from a
+// file with a mistake in it.
+func ParseJobs(r io.Reader) ([]Call, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxJobLine)
+	var calls []Call
+	var errs []error
+	seen := map[string]int{}
+	line := 0
+	for sc.Scan() {
+		line++
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 {
+			continue
+		}
+		call, err := parseJobLine(text)
+		if err == nil && call.ID != "" {
+			if first, dup := seen[call.ID]; dup {
+				err = fmt.Errorf("id %q is also on line %d; ids must be unique", call.ID, first)
+			} else {
+				seen[call.ID] = line
+			}
+		}
+		if err != nil {
+			errs = append(errs, &JobLineError{Line: line, Err: err})
+			continue
+		}
+		calls = append(calls, call)
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			err = fmt.Errorf("a line is longer than %d bytes", maxJobLine)
+		}
+		errs = append(errs, &JobLineError{Line: line + 1, Err: err})
+	}
+	return calls, errors.Join(errs...)
+}
+
+func parseJobLine(text []byte) (Call, error) {
+	var j struct {
+		ID      *string           `json:"id"`
+		Method  *string           `json:"method"`
+		Path    *string           `json:"path"`
+		Headers map[string]string `json:"headers"`
+		Body    json.RawMessage   `json:"body"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, "json: unknown field") {
+			msg += " (a job line has id, method, path, headers and body)"
+		}
+		return Call{}, fmt.Errorf("not a job object: %s", msg)
+	}
+	if dec.More() {
+		return Call{}, errors.New("more than one JSON value on the line")
+	}
+	if j.Path == nil {
+		return Call{}, errors.New(`"path" is required, e.g. "path":"/orders"`)
+	}
+	c := Call{Path: *j.Path, Headers: j.Headers, Body: j.Body}
+	if j.ID != nil {
+		c.ID = *j.ID
+	}
+	if j.Method != nil {
+		c.Method = *j.Method
+	}
+	if string(c.Body) == "null" {
+		c.Body = nil
+	}
+	if err := c.Validate(); err != nil {
+		return Call{}, err
+	}
+	return c, nil
+}

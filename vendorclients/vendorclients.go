@@ -1,0 +1,301 @@
+// Package vendorclients is the HTTP side of shaper: a client per vendor
+// whose every request passes the vendor's gate (the gate is an
+// http.RoundTripper, so any code calling a vendor through it is shaped per
+// call), paths that cannot leave the vendor's base_url, and 429 /
+// Retry-After handling that pauses the vendor for every replica.
+package vendorclients
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// Defaults.
+const (
+	DefaultTimeout       = 30 * time.Second
+	DefaultMaxRetryAfter = time.Hour
+	// DefaultPause is how long a 429 without a usable Retry-After pauses
+	// the vendor.
+	DefaultPause = time.Second
+)
+
+// Vendor is what a client needs to know of a vendor.
+type Vendor struct {
+	Name    string
+	BaseURL string
+	// Timeout bounds one call, from the moment it may start. Default 30s.
+	Timeout time.Duration
+	// MaxRetryAfter caps the pause a Retry-After can ask for. Default 1h.
+	MaxRetryAfter time.Duration
+}
+
+// RateLimitedError is a 429 (or a 503 with Retry-After) from a vendor. The
+// vendor has already been paused for every replica when it is returned.
+type RateLimitedError struct {
+	Vendor     string
+	Status     int
+	RetryAfter time.Duration // the pause in force; 0 if none was set
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("vendorclients: %s answered %d: paused for %s", e.Vendor, e.Status, e.RetryAfter)
+}
+
+// WaitError says the vendor's next tick is further away than the caller
+// agreed to wait (a long pause): try again after Wait. It is not a failure.
+type WaitError struct {
+	Vendor string
+	Wait   time.Duration
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("vendorclients: %s: next release in %s", e.Vendor, e.Wait.Round(time.Millisecond))
+}
+
+// ErrBadPath is wrapped by CheckPath's errors.
+var ErrBadPath = errors.New("bad path")
+
+// CheckPath accepts a path relative to a vendor's base_url: it starts with
+// "/", names no scheme or host, and no segment is "." or ".." (also when
+// percent-encoded). A query is allowed.
+func CheckPath(p string) error {
+	if p == "" || p[0] != '/' {
+		return fmt.Errorf("vendorclients: %w: %q must start with \"/\" (it is joined to the vendor's base_url)", ErrBadPath, p)
+	}
+	if strings.HasPrefix(p, "//") {
+		return fmt.Errorf("vendorclients: %w: %q names a host; give a path on the vendor's base_url", ErrBadPath, p)
+	}
+	u, err := url.Parse(p)
+	if err != nil {
+		return fmt.Errorf("vendorclients: %w: %q: %v", ErrBadPath, p, err)
+	}
+	if u.Scheme != "" || u.Host != "" || u.User != nil {
+		return fmt.Errorf("vendorclients: %w: %q names a scheme or host; give a path on the vendor's base_url", ErrBadPath, p)
+	}
+	for _, seg := range strings.Split(u.Path, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("vendorclients: %w: %q has a %q segment that could leave the vendor's base_url", ErrBadPath, p, seg)
+		}
+	}
+	if strings.ContainsAny(p, "\\\x00\r\n") {
+		return fmt.Errorf("vendorclients: %w: %q has a backslash or control character", ErrBadPath, p)
+	}
+	return nil
+}
+
+// Client calls one vendor through its gate.
+type Client struct {
+	vendor Vendor
+	base   *url.URL
+	http   *http.Client
+}
+
+// Options configure a Client.
+type Options struct {
+	// MaxWait is the longest a request waits for its tick; beyond it the
+	// request fails at once with a *WaitError. 0: no bound.
+	MaxWait time.Duration
+	// Base is the transport the shaped requests go out on; default
+	// http.DefaultTransport.
+	Base   http.RoundTripper
+	Logger *slog.Logger
+}
+
+// New returns a client of vendor v shaped by bucket.
+func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
+	base, err := url.Parse(v.BaseURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("vendorclients: vendor %s: base_url %q is not an absolute http(s) URL", v.Name, v.BaseURL)
+	}
+	if v.Timeout <= 0 {
+		v.Timeout = DefaultTimeout
+	}
+	if v.MaxRetryAfter <= 0 {
+		v.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if opts.Base == nil {
+		opts.Base = http.DefaultTransport
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	t := &Transport{Base: opts.Base, Bucket: bucket, Vendor: v.Name, MaxWait: opts.MaxWait,
+		MaxRetryAfter: v.MaxRetryAfter, Timeout: v.Timeout, Logger: opts.Logger}
+	hc := &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse // never follow a vendor off its base_url
+	}}
+	return &Client{vendor: v, base: base, http: hc}, nil
+}
+
+// Vendor returns the client's vendor.
+func (c *Client) Vendor() Vendor { return c.vendor }
+
+// URL joins the vendor's base_url and p, after CheckPath.
+func (c *Client) URL(p string) (*url.URL, error) {
+	if err := CheckPath(p); err != nil {
+		return nil, err
+	}
+	rel, _ := url.Parse(p)
+	u := *c.base
+	u.Path = strings.TrimSuffix(c.base.Path, "/") + path.Clean("/"+rel.Path)
+	if strings.HasSuffix(rel.Path, "/") && !strings.HasSuffix(u.Path, "/") {
+		u.Path += "/"
+	}
+	u.RawPath = ""
+	u.RawQuery = rel.RawQuery
+	return &u, nil
+}
+
+// NewRequest builds a request for path p on the vendor.
+func (c *Client) NewRequest(ctx context.Context, method, p string, body io.Reader) (*http.Request, error) {
+	u, err := c.URL(p)
+	if err != nil {
+		return nil, err
+	}
+	return http.NewRequestWithContext(ctx, method, u.String(), body)
+}
+
+// Do sends req through the vendor's gate. A 429 (or 503 with Retry-After)
+// comes back as a *RateLimitedError with the body closed; a wait beyond
+// MaxWait as a *WaitError; other statuses as a response.
+func (c *Client) Do(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var we *WaitError
+		if errors.As(err, &we) {
+			return nil, we
+		}
+		return nil, err
+	}
+	if isRateLimited(resp) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		rl := &RateLimitedError{Vendor: c.vendor.Name, Status: resp.StatusCode}
+		if d, ok := resp.Request.Context().Value(pauseKey{}).(*time.Duration); ok && d != nil {
+			rl.RetryAfter = *d
+		}
+		return nil, rl
+	}
+	return resp, nil
+}
+
+type pauseKey struct{}
+
+func isRateLimited(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusTooManyRequests ||
+		(resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "")
+}
+
+// Transport is the gate as an http.RoundTripper: every request waits for
+// its vendor's tick, and a 429 pauses the vendor for every replica.
+type Transport struct {
+	Base          http.RoundTripper
+	Bucket        *shaper.Bucket
+	Vendor        string
+	MaxWait       time.Duration
+	MaxRetryAfter time.Duration
+	Timeout       time.Duration
+	Logger        *slog.Logger
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	permit, wait, err := t.Bucket.AcquireWithin(ctx, t.MaxWait)
+	if err != nil {
+		return nil, err
+	}
+	if permit == nil {
+		return nil, &WaitError{Vendor: t.Vendor, Wait: wait}
+	}
+	var cancel context.CancelFunc = func() {}
+	if t.Timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, t.Timeout)
+	}
+	var pause time.Duration
+	ctx = context.WithValue(ctx, pauseKey{}, &pause)
+	resp, err := t.Base.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		cancel()
+		_ = permit.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	resp.Body = &releasingBody{ReadCloser: resp.Body, release: func() {
+		cancel()
+		_ = permit.Release(context.WithoutCancel(ctx))
+	}}
+	if isRateLimited(resp) {
+		d := DefaultPause
+		reason := fmt.Sprintf("HTTP %d without Retry-After", resp.StatusCode)
+		if v := resp.Header.Get("Retry-After"); v != "" {
+			if ra, ok := ParseRetryAfter(v, time.Now()); ok {
+				d, reason = ra, fmt.Sprintf("HTTP %d Retry-After: %s", resp.StatusCode, v)
+			} else {
+				t.Logger.Warn("vendorclients: ignoring an unparsable Retry-After", "vendor", t.Vendor, "retry_after", v)
+			}
+		}
+		if d > t.MaxRetryAfter {
+			t.Logger.Warn("vendorclients: capping Retry-After", "vendor", t.Vendor, "asked", d, "cap", t.MaxRetryAfter)
+			d = t.MaxRetryAfter
+		}
+		if d > 0 {
+			left, err := t.Bucket.Pause(context.WithoutCancel(ctx), d, reason)
+			if err != nil {
+				t.Logger.Error("vendorclients: could not pause the vendor", "vendor", t.Vendor, "err", err)
+			}
+			pause = left
+		}
+		t.Logger.Info("vendorclients: vendor rate-limited us; paused for every replica", "vendor", t.Vendor, "status", resp.StatusCode, "pause", pause, "reason", reason)
+	}
+	return resp, nil
+}
+
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+	done    bool
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	if !b.done {
+		b.done = true
+		b.release()
+	}
+	return err
+}
+
+// ParseRetryAfter parses a Retry-After value, as delay-seconds or as an
+// HTTP-date (relative to now). Negative or unparsable values are not ok; a
+// date in the past is 0.
+func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		if n > int64(100*365*24*time.Hour/time.Second) {
+			n = int64(100 * 365 * 24 * time.Hour / time.Second)
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
