@@ -53,7 +53,13 @@ func (v VendorSpec) concurrency() int {
 	if timeout <= 0 {
 		timeout = vendorclients.DefaultTimeout
 	}
-	hold := 2*time.Second + min(timeout, 2*time.Second)
+	// A horizon of reserved ticks (1s) plus the calls in flight: each
+	// replica alone can carry the full rate if the others die.
+	hold := v.Policy.Horizon
+	if hold <= 0 {
+		hold = shaper.DefaultHorizon
+	}
+	hold += min(timeout, time.Second)
 	n := int(math.Ceil(perSecond*hold.Seconds())) + burst
 	return max(2, min(n, maxConcurrency))
 }
@@ -272,6 +278,10 @@ func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
 	if errors.As(err, &d) {
 		// asynq schedules in whole seconds; never earlier than asked.
 		return max(time.Second, d.Wait.Truncate(time.Second)+time.Second)
+	}
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		// Its worker died: the call never failed, it only needs a worker.
+		return time.Second
 	}
 	if w.cfg.RetryBackoff != nil {
 		return w.cfg.RetryBackoff(n)

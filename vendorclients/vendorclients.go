@@ -114,9 +114,9 @@ type Options struct {
 
 // New returns a client of vendor v shaped by bucket.
 func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
-	base, err := url.Parse(v.BaseURL)
-	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return nil, fmt.Errorf("vendorclients: vendor %s: base_url %q is not an absolute http(s) URL", v.Name, v.BaseURL)
+	base, err := parseBase(v.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("vendorclients: vendor %s: %w", v.Name, err)
 	}
 	if v.Timeout <= 0 {
 		v.Timeout = DefaultTimeout
@@ -136,6 +136,14 @@ func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
 		return http.ErrUseLastResponse // never follow a vendor off its base_url
 	}}
 	return &Client{vendor: v, base: base, http: hc}, nil
+}
+
+func parseBase(s string) (*url.URL, error) {
+	base, err := url.Parse(s)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("base_url %q is not an absolute http(s) URL", s)
+	}
+	return base, nil
 }
 
 // Vendor returns the client's vendor.
@@ -192,6 +200,16 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 
 type pauseKey struct{}
 
+type permitKey struct{}
+
+// PermitFrom returns the gate permit a request was sent under, from the
+// request's context as the base transport sees it (nil outside one): its
+// Tick is when the call was released.
+func PermitFrom(ctx context.Context) *shaper.Permit {
+	p, _ := ctx.Value(permitKey{}).(*shaper.Permit)
+	return p
+}
+
 func isRateLimited(resp *http.Response) bool {
 	return resp.StatusCode == http.StatusTooManyRequests ||
 		(resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "")
@@ -225,6 +243,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	var pause time.Duration
 	ctx = context.WithValue(ctx, pauseKey{}, &pause)
+	ctx = context.WithValue(ctx, permitKey{}, permit)
 	resp, err := t.Base.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		cancel()

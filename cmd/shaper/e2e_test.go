@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// shaperBin builds the real binary once per test run.
+func shaperBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "shaper-e2e-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "shaper")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startWorker starts `shaper worker` and stops it (SIGTERM) when the test
+// ends.
+func startWorker(t *testing.T, cfg string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(shaperBin(t), "worker", "--config", cfg)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+			}
+		}
+		if t.Failed() {
+			t.Logf("worker output:\n%s", out.String())
+		}
+	})
+	return cmd, out
+}
+
+func runShaper(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(shaperBin(t), args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func writeConfig(t *testing.T, redisAddr, vendor, baseURL string, rate int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.toml")
+	cfg := fmt.Sprintf(`[redis]
+addr = %q
+
+[worker]
+max_retry = 25
+
+[vendors.%s]
+base_url = %q
+rate = %d
+window = "1s"
+`, redisAddr, vendor, baseURL, rate)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func jobLines(prefix string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"id":"%s-%05d","method":"POST","path":"/orders","body":{"order":%d}}`+"\n", prefix, i, i)
+	}
+	return b.String()
+}
+
+// TestThreeWorkersAndAKill runs three real worker processes on one vendor
+// at 100/s, checks window safety and utilisation while all three run, then
+// SIGKILLs one mid-run: every call must still complete.
+func TestThreeWorkersAndAKill(t *testing.T) {
+	addr := redistest.Addr(t)
+	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	vendor := "e2e-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, addr, vendor, srv.URL, 100)
+	const n = 1500
+	var workers []*exec.Cmd
+	for range 3 {
+		w, _ := startWorker(t, cfg)
+		workers = append(workers, w)
+	}
+	out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
+	if err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, fmt.Sprintf("enqueued %d, already queued 0", n)) {
+		t.Fatalf("enqueue printed %q", out)
+	}
+	// Re-running the same file queues nothing twice.
+	out, err = runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
+	if err != nil || !strings.Contains(out, fmt.Sprintf("enqueued 0, already queued %d", n)) {
+		t.Fatalf("second enqueue of the same file: %v: %q", err, out)
+	}
+
+	waitUntil(t, time.Minute, "half the calls", func() bool { return vend.Summarize().DistinctKeys >= n/2 })
+	killedAt := time.Now()
+	if err := workers[1].Process.Kill(); err != nil { // SIGKILL
+		t.Fatal(err)
+	}
+	_ = workers[1].Wait()
+	waitUntil(t, 4*time.Minute, "every call to succeed after the kill", func() bool { return vend.Summarize().DistinctKeys == n })
+	done := time.Now()
+
+	s := vend.Summarize()
+	reqs := vend.Requests()
+	var before []time.Time
+	for _, r := range reqs {
+		if r.At.Before(killedAt) {
+			before = append(before, r.At)
+		}
+	}
+	iv, _ := shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}.Tick()
+	util := steadyUtilisation(before, iv)
+	t.Logf("vendor: %d requests, %d 429s, most %d per fixed window (phase %s) and %d per sliding second; %d distinct keys, %d duplicate successes",
+		s.Requests, s.Throttled, s.MaxPerWindow, vend.Phase.Round(time.Millisecond), s.MaxSliding, s.DistinctKeys, s.DuplicateKeys)
+	t.Logf("three workers: utilisation %.4f over %d calls; after the SIGKILL every call completed %s later", util, len(before), done.Sub(killedAt).Round(time.Second))
+	if s.Throttled != 0 || s.MaxPerWindow > 100 || s.MaxSliding > 100 {
+		t.Errorf("G1: %d 429s, %d per fixed window, %d per sliding window", s.Throttled, s.MaxPerWindow, s.MaxSliding)
+	}
+	if util < 0.98 {
+		t.Errorf("G2: utilisation %.4f < 0.98 with three workers", util)
+	}
+}
+
+func steadyUtilisation(ts []time.Time, iv time.Duration) float64 {
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	lo, hi := len(ts)/10, len(ts)*9/10
+	if hi <= lo {
+		return 0
+	}
+	return float64(hi-lo) * float64(iv) / float64(ts[hi].Sub(ts[lo]))
+}
+
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestEnqueueBadInput(t *testing.T) {
+	addr := redistest.Addr(t)
+	vendor := "bad-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, addr, vendor, "http://127.0.0.1:1", 10)
+	file := `{"id":"a","path":"/ok"}
+{"id":"b","path":"/../admin"}
+not json
+{"id":"a","path":"/dup"}
+{"path":"/x","methd":"POST"}
+`
+	out, err := runShaper(t, file, "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
+	if err == nil {
+		t.Fatalf("a file with bad lines was accepted:\n%s", out)
+	}
+	for _, want := range []string{"4 bad line(s)", "stdin:2:", `".." segment`, "stdin:3:", "stdin:4:", `also on line 1`, "stdin:5:", "methd", "nothing was enqueued"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runShaper(t, "", "enqueue", "--config", cfg, "--vendor", "nope", "--path", "/x")
+	if err == nil || !strings.Contains(out, `unknown vendor "nope"`) {
+		t.Errorf("unknown vendor: %v\n%s", err, out)
+	}
+	// Redis unreachable: a clear error and a non-zero exit.
+	down := writeConfig(t, "127.0.0.1:1", vendor, "http://127.0.0.1:1", 10)
+	out, err = runShaper(t, "", "enqueue", "--config", down, "--vendor", vendor, "--path", "/x")
+	if err == nil || !strings.Contains(out, "cannot reach Redis at 127.0.0.1:1") {
+		t.Errorf("Redis down: %v\n%s", err, out)
+	}
+}
+
+func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
+	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	cfg := writeConfig(t, "", "emb", srv.URL, 50)
+	// Before any worker runs, enqueue says what to do.
+	out, err := runShaper(t, "", "enqueue", "--config", cfg, "--vendor", "emb", "--path", "/x")
+	if err == nil || !strings.Contains(out, "start `shaper worker --config") {
+		t.Fatalf("enqueue without a worker on the embedded Redis: %v\n%s", err, out)
+	}
+	_, wout := startWorker(t, cfg)
+	waitUntil(t, 20*time.Second, "the worker to start the embedded Redis", func() bool { return strings.Contains(wout.String(), "NOT durable") })
+	out, err = runShaper(t, jobLines("emb", 20), "export", "--config", cfg, "--vendor", "emb", "--file", "-", "--wait", "--id", "exp-e2e")
+	if err != nil {
+		t.Fatalf("export --wait: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "export exp-e2e finished") || !strings.Contains(out, "20 done, 0 failed of 20") {
+		t.Errorf("export output:\n%s", out)
+	}
+	out, err = runShaper(t, "", "export", "status", "exp-e2e", "--config", cfg)
+	if err != nil || !strings.Contains(out, "finished, 20 done, 0 failed, 20 total") {
+		t.Errorf("export status: %v\n%s", err, out)
+	}
+	if got := vend.Summarize().DistinctKeys; got != 20 {
+		t.Errorf("vendor saw %d distinct calls, want 20", got)
+	}
+	_ = http.StatusOK
+}

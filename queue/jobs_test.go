@@ -1,0 +1,80 @@
+package queue
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseJobs(t *testing.T) {
+	in := `{"id":"order-1","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{"n":1}}
+
+{"path":"/orders/2"}
+{"path":"/x","body":null}
+`
+	calls, err := ParseJobs(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 3 {
+		t.Fatalf("%d calls, want 3", len(calls))
+	}
+	if c := calls[0]; c.ID != "order-1" || c.Method != "POST" || c.Headers["X-A"] != "b" || string(c.Body) != `{"n":1}` {
+		t.Errorf("call 1 = %+v", c)
+	}
+	if c := calls[1]; c.Method != "GET" || c.ID != "" {
+		t.Errorf("call 2 = %+v, want GET without id", c)
+	}
+	if calls[2].Body != nil {
+		t.Errorf("a null body should be no body")
+	}
+}
+
+func TestParseJobsReportsEveryBadLine(t *testing.T) {
+	in := `{"path":"/ok"}
+{"path":"/../etc"}
+[1,2]
+{"id":"a","path":"/a"}
+{"id":"a","path":"/b"}
+{"method":"POST"}
+{"path":"/x"} {"path":"/y"}
+{"path":"/x","extra":1}
+{"path":"/x","method":"delete"}
+{"path":"/x","headers":{"Idempotency-Key":"k"}}
+`
+	_, err := ParseJobs(strings.NewReader(in))
+	var lines []int
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var le *JobLineError
+		if !errors.As(e, &le) {
+			t.Fatalf("not a line error: %v", e)
+		}
+		lines = append(lines, le.Line)
+	}
+	want := []int{2, 3, 5, 6, 7, 8, 9, 10}
+	if len(lines) != len(want) {
+		t.Fatalf("bad lines %v, want %v\n%v", lines, want, err)
+	}
+	for i := range want {
+		if lines[i] != want[i] {
+			t.Fatalf("bad lines %v, want %v\n%v", lines, want, err)
+		}
+	}
+}
+
+func FuzzParseJobs(f *testing.F) {
+	f.Add(`{"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{"n":1}}`)
+	f.Add(`{"path":"/a/../b"}`)
+	f.Add("{\"path\":\"/x\"}\n\n{\"path\":\"//h\"}")
+	f.Fuzz(func(t *testing.T, s string) {
+		calls, err := ParseJobs(strings.NewReader(s))
+		if err != nil {
+			return
+		}
+		for _, c := range calls {
+			if err := c.Validate(); err != nil {
+				t.Errorf("accepted an invalid call %+v: %v", c, err)
+			}
+		}
+	})
+}
