@@ -29,6 +29,12 @@ func TestExampleConfig(t *testing.T) {
 	if len(crm.Limits) != 1 || crm.Limits[0] != (shaper.Limit{Rate: 5000, Window: 24 * time.Hour}) || crm.MaxInFlight != 4 {
 		t.Errorf("crm = %+v", crm)
 	}
+	if cfg.Worker != (Worker{MaxWait: 5 * time.Second, ShutdownTimeout: 10 * time.Second, Retention: 24 * time.Hour, MaxRetry: 25}) {
+		t.Errorf("worker = %+v", cfg.Worker)
+	}
+	if acme.Timeout != 30*time.Second || acme.Concurrency != 0 {
+		t.Errorf("acme timeout %v concurrency %d", acme.Timeout, acme.Concurrency)
+	}
 	if !cfg.Redis.Embedded() {
 		t.Errorf("redis.addr empty should mean embedded")
 	}
@@ -88,6 +94,10 @@ func TestInvalidConfigs(t *testing.T) {
 		{"negative queue_limit", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nqueue_limit = -1\n", []string{"c.toml:4:", "at least 0"}},
 		{"bad redis addr", "[redis]\naddr = \"localhost\"\n", []string{"c.toml:2:", "redis.addr", "host:port"}},
 		{"bad limits", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nlimits = [{ rate = 5 }]\n", []string{"c.toml:4:", "item 1", "window"}},
+		{"worker max_wait zero", "[worker]\nmax_wait = \"0s\"\n", []string{"c.toml:2:", "worker.max_wait", "must be positive"}},
+		{"worker max_retry zero", "[worker]\nmax_retry = 0\n", []string{"c.toml:2:", "worker.max_retry", "at least 1"}},
+		{"worker unknown key", "[worker]\nmax_wiat = \"1s\"\n", []string{"c.toml:2:", `did you mean "max_wait"`}},
+		{"vendor timeout zero", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\ntimeout = \"0s\"\n", []string{"c.toml:4:", "vendors.acme.timeout"}},
 		{"TOML syntax", "[vendors.acme]\nrate = = 1\n", []string{"c.toml:2:", "TOML syntax"}},
 		{"two errors at once", "[vendors.a]\nbase_url = \"https://x\"\nrate = 0\n[vendors.b]\nbase_url = \"https://x\"\nrate = 1\nburst = 2\n",
 			[]string{"c.toml:3:", "c.toml:7:"}},

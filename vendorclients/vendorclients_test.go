@@ -26,7 +26,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true}, // a past date means now
 		{"Sun, 06 Nov 1994 08:49:37 GMT", 0, true},
 		{"Sunday, 06-Nov-94 08:49:37 GMT", 0, true}, // RFC 850
-		{"99999999999999999999", 0, false},            // overflows int64
+		{"99999999999999999999", 0, false},          // overflows int64
 	}
 	for _, tt := range tests {
 		got, ok := ParseRetryAfter(tt.in, now)
