@@ -38,7 +38,6 @@ type env struct {
 	prefix    string
 	specs     []VendorSpec
 	queues    []VendorQueue
-	client    *Client
 }
 
 func newEnv(t *testing.T) *env {
