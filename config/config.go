@@ -57,6 +57,7 @@ const (
 	DefaultRetention       = 24 * time.Hour
 	DefaultMaxRetry        = 25
 	DefaultTimeout         = 30 * time.Second
+	DefaultMaxRetryAfter   = time.Hour
 )
 
 // Redis says how to reach Redis.
@@ -89,6 +90,37 @@ type Vendor struct {
 	Limits      []shaper.Limit
 	Timeout     time.Duration // one call, from its tick
 	Concurrency int           // worker budget per process; 0: sized from the rate
+	// Headers are set on every call; values may name environment
+	// variables as ${NAME} (secrets), expanded by ExpandHeaders.
+	Headers       map[string]string
+	UserAgent     string
+	MaxRetryAfter time.Duration // cap on a vendor-asked pause
+	Adapt         shaper.Adapt  // learning from 429s without an announced limit
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// ExpandHeaders returns the vendor's headers with ${NAME} replaced by the
+// environment; a variable that is not set is an error naming it (never
+// its would-be value).
+func (v Vendor) ExpandHeaders() (map[string]string, error) {
+	out := make(map[string]string, len(v.Headers))
+	var missing []string
+	for k, val := range v.Headers {
+		out[k] = envRef.ReplaceAllStringFunc(val, func(ref string) string {
+			name := envRef.FindStringSubmatch(ref)[1]
+			x, ok := os.LookupEnv(name)
+			if !ok {
+				missing = append(missing, name)
+			}
+			return x
+		})
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("config: vendors.%s.headers: environment variable(s) %s not set; export them before starting the worker", v.Name, strings.Join(missing, ", "))
+	}
+	return out, nil
 }
 
 // Policy returns the gate policy of the vendor.
@@ -99,6 +131,7 @@ func (v Vendor) Policy() shaper.Policy {
 		Guard:       v.Guard,
 		NoGuard:     v.Guard == 0,
 		MaxInFlight: v.MaxInFlight,
+		Adapt:       v.Adapt,
 	}
 	return p
 }
@@ -130,7 +163,8 @@ var vendorName = regexp.MustCompile(`^[a-z0-9_-]+$`)
 
 var (
 	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster"}
-	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency"}
+	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
+		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window"}
 	topKeys    = []string{"redis", "worker", "vendors"}
@@ -352,6 +386,36 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		p.errorf(t, "burst", "%d > rate %d: releasing %d calls on one tick would overrun the vendor's fixed window; set burst <= %d (1 spreads calls evenly)", vd.Burst, vd.Rate, vd.Burst, vd.Rate)
 	}
 	vd.Limits = p.limits(t, tbl["limits"], vd)
+	vd.UserAgent = p.str(t, "user_agent")
+	vd.MaxRetryAfter = p.duration(t, "max_retry_after", DefaultMaxRetryAfter)
+	if vd.MaxRetryAfter <= 0 {
+		p.errorf(t, "max_retry_after", "%s: must be positive, e.g. \"1h\"", vd.MaxRetryAfter)
+	}
+	vd.Adapt.Decrease = p.fraction(t, "adapt_decrease", 0.7)
+	vd.Adapt.Increase = p.fraction(t, "adapt_increase", 0.05)
+	vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 10*time.Second)
+	if vd.Adapt.Quiet <= 0 {
+		p.errorf(t, "adapt_quiet", "%s: must be positive", vd.Adapt.Quiet)
+	}
+	if raw, present := tbl["headers"]; present {
+		hm, ok := raw.(map[string]any)
+		if !ok {
+			p.errorf(t, "headers", "must be a table, e.g. headers = { Authorization = \"Bearer ${ACME_TOKEN}\" }")
+		}
+		vd.Headers = map[string]string{}
+		for k, val := range hm {
+			sv, ok := val.(string)
+			if !ok || strings.ContainsAny(sv, "\r\n") || k == "" || strings.ContainsAny(k, " :\r\n") {
+				p.errorf(t, "headers", "%q: header names are tokens and values quoted strings on one line", k)
+				continue
+			}
+			if strings.EqualFold(k, "Idempotency-Key") {
+				p.errorf(t, "headers", "Idempotency-Key is set by shaper from each call's id")
+				continue
+			}
+			vd.Headers[k] = sv
+		}
+	}
 	if len(p.errs) > before {
 		return Vendor{}, false
 	}
@@ -450,6 +514,29 @@ func (p *parser) integer(table, key string, lo, def int) (int, bool) {
 		return def, false
 	}
 	return int(n), true
+}
+
+// fraction reads a number in (0, 1), or def when absent.
+func (p *parser) fraction(table, key string, def float64) float64 {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return def
+	}
+	var f float64
+	switch x := p.v.Get(full).(type) {
+	case float64:
+		f = x
+	case int64:
+		f = float64(x)
+	default:
+		p.errorf(table, key, "%v: want a number between 0 and 1", x)
+		return def
+	}
+	if !(f > 0 && f < 1) {
+		p.errorf(table, key, "%v: want a number between 0 and 1 (exclusive)", f)
+		return def
+	}
+	return f
 }
 
 func (p *parser) duration(table, key string, def time.Duration) time.Duration {

@@ -38,6 +38,11 @@ type VendorSpec struct {
 	// Concurrency is the vendor's worker budget: tasks waiting for a tick
 	// or calling at once in this process. 0 sizes it from the rate.
 	Concurrency int
+	// Headers (already expanded: secrets), UserAgent and MaxRetryAfter go
+	// to the vendor's client.
+	Headers       map[string]string
+	UserAgent     string
+	MaxRetryAfter time.Duration
 }
 
 // concurrency sizes a vendor's worker budget: enough goroutines to hold a
@@ -149,7 +154,8 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		if err != nil {
 			return nil, fmt.Errorf("queue: vendor %s: %w", spec.Name, err)
 		}
-		client, err := vendorclients.New(vendorclients.Vendor{Name: spec.Name, BaseURL: spec.BaseURL, Timeout: spec.Timeout},
+		client, err := vendorclients.New(vendorclients.Vendor{Name: spec.Name, BaseURL: spec.BaseURL, Timeout: spec.Timeout,
+			Headers: spec.Headers, UserAgent: spec.UserAgent, MaxRetryAfter: spec.MaxRetryAfter},
 			bucket, vendorclients.Options{MaxWait: cfg.MaxWait, Base: cfg.Transport, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
@@ -205,6 +211,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.log.Info("serving vendor", "vendor", rt.spec.Name, "queue", rt.queue, "concurrency", rt.spec.concurrency())
 	}
 	var wg sync.WaitGroup
+	wg.Go(func() { w.gate.Watch(ctx) })
 	for _, rt := range started {
 		wg.Go(func() { w.supervise(ctx, rt) })
 	}
@@ -227,6 +234,13 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if rate, changed, err := rt.bucket.Recover(ctx); err == nil && changed {
+			if rate == 0 {
+				w.log.Info("vendor quiet: back to the configured rate", "vendor", rt.spec.Name)
+			} else {
+				w.log.Info("vendor quiet: effective rate raised", "vendor", rt.spec.Name, "rate", rate, "per", rt.spec.Policy.Limits[0].Window)
+			}
 		}
 		held, err := w.rdb.Exists(ctx, rt.heldKey).Result()
 		if err != nil || held == 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,11 +54,14 @@ type Gate struct {
 	rdb    redis.UniversalClient
 	prefix string
 	clock  Clock
+
+	mu     sync.Mutex
+	paused map[string]time.Time // bucket -> local end of a known pause
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb.
 func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
-	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock}
+	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, paused: map[string]time.Time{}}
 	if g.prefix == "" {
 		g.prefix = DefaultKeyPrefix
 	}
@@ -154,6 +158,7 @@ type Reservation struct {
 // ARGV[4] max in flight (0: no cap)
 // ARGV[5] lease TTL (µs), counted from the tick
 // ARGV[6] lease id ("" without a cap)
+// ARGV[7] the primary limit's window + guard (µs), to space a lowered rate
 // Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
 // from Redis now to the tick; when not, the time before asking again and
 // reason says why (see DeferReason).
@@ -165,12 +170,18 @@ local burst = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local maxif = tonumber(ARGV[4])
 
-local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'min_interval', 'max_burst')
+local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate')
 local paused = tonumber(ctl[1]) or 0
-local mi = tonumber(ctl[2])
-if mi and mi > interval then interval = mi end
-local mb = tonumber(ctl[3])
-if mb and mb < burst then burst = mb end
+local rate = tonumber(ctl[2])
+if rate and rate > 0 then
+  -- The primary limit lowered to rate calls per window (see tickFor).
+  local b = math.max(1, math.min(burst, math.floor(rate)))
+  local k = rate / b
+  if k >= 1 then k = math.floor(k) end
+  local iv = math.ceil(tonumber(ARGV[7]) / k)
+  if iv > interval then interval = iv end
+  burst = b
+end
 
 local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at')
 local last = tonumber(st[1])
@@ -224,7 +235,8 @@ func (b *Bucket) Reserve(ctx context.Context) (Reservation, error) {
 	}
 	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys,
 		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
-		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease).Int64Slice()
+		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
+		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds()).Int64Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)
 	}
@@ -241,23 +253,26 @@ func (b *Bucket) Reserve(ctx context.Context) (Reservation, error) {
 // releaseScript frees an in-flight lease and counts a tick given up.
 //
 // KEYS[1] in-flight sorted set, KEYS[2] stats hash.
-// ARGV[1] lease id ("" for none), ARGV[2] "1" when the tick was given up.
+// ARGV[1] lease id ("" for none), ARGV[2] the counter to add one to
+// ("late", "dropped") or "".
 // Returns 0.
 var releaseScript = redis.NewScript(`
 if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[2], 'late', 1) end
+if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[2], 1) end
 return 0
 `)
 
-func (b *Bucket) release(ctx context.Context, lease string, gaveUp bool) error {
-	if lease == "" && !gaveUp {
+// Why a tick was given up, for the stats.
+const (
+	gaveUpLate    = "late"
+	gaveUpDropped = "dropped"
+)
+
+func (b *Bucket) release(ctx context.Context, lease string, counter string) error {
+	if lease == "" && counter == "" {
 		return nil
 	}
-	flag := "0"
-	if gaveUp {
-		flag = "1"
-	}
-	if err := releaseScript.Run(ctx, b.gate.rdb, []string{b.keys[3], b.keys[2]}, lease, flag).Err(); err != nil {
+	if err := releaseScript.Run(ctx, b.gate.rdb, []string{b.keys[3], b.keys[2]}, lease, counter).Err(); err != nil {
 		return fmt.Errorf("shaper: release for %q: %w", b.name, err)
 	}
 	return nil
@@ -283,7 +298,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	lease := p.lease
 	p.lease = ""
-	return p.bucket.release(ctx, lease, false)
+	return p.bucket.release(ctx, lease, "")
 }
 
 // Acquire blocks until the caller may start one call, and returns a permit
@@ -328,16 +343,24 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 		earliest := sent.Add(r.Wait)
 		tick := recv.Add(r.Wait)
 		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
-			_ = b.release(context.WithoutCancel(ctx), r.lease, false)
+			_ = b.release(context.WithoutCancel(ctx), r.lease, "")
 			return nil, 0, err
 		}
-		late := clock.Now().Sub(earliest)
-		if late > b.policy.Tolerance {
-			if err := b.release(ctx, r.lease, true); err != nil {
+		now := clock.Now()
+		if late := now.Sub(earliest); late > b.policy.Tolerance {
+			if err := b.release(ctx, r.lease, gaveUpLate); err != nil {
 				return nil, 0, err
 			}
 			continue
 		}
+		if b.gate.pausedAt(b.name, now) {
+			// Reserved before a pause began: the vendor just said stop.
+			if err := b.release(ctx, r.lease, gaveUpDropped); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		late := now.Sub(earliest)
 		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease}, 0, nil
 	}
 }

@@ -539,7 +539,7 @@ func TestGateStateIsSmall(t *testing.T) {
 		}
 		if r.OK {
 			granted++
-			if err := b.release(ctx, r.lease, false); err != nil {
+			if err := b.release(ctx, r.lease, ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -560,5 +560,56 @@ func TestGateStateIsSmall(t *testing.T) {
 	t.Logf("%d keys, %d bytes after %d grants", len(keys), total, granted)
 	if len(keys) > 4 || total > 2048 {
 		t.Errorf("gate state is %d keys, %d bytes: want at most 4 keys and 2 KiB", len(keys), total)
+	}
+}
+
+// TestPauseDropsReservedTicks pauses a bucket while callers on two
+// watching replicas hold ticks reserved up to a horizon ahead: no call may
+// start inside the pause, on either replica.
+func TestPauseDropsReservedTicks(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var reps []*replica
+	var watchers sync.WaitGroup
+	for range 2 {
+		r := newReplica(t, addr, prefix, nil)
+		reps = append(reps, r)
+		watchers.Go(func() { r.gate.Watch(ctx) })
+	}
+	defer watchers.Wait()
+	defer cancel()
+	time.Sleep(200 * time.Millisecond) // subscriptions up
+	rec := &recorder{}
+	var pausedAt time.Time
+	const pause = 600 * time.Millisecond
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		time.Sleep(2500 * time.Millisecond) // a backlog with ticks reserved ahead
+		b, _ := reps[0].gate.Bucket("acme", p)
+		pausedAt = time.Now()
+		if _, err := b.Pause(context.Background(), pause, "test"); err != nil {
+			t.Error(err)
+		}
+	})
+	drain(t, reps, "acme", p, 16, 400, rec)
+	wg.Wait()
+	inside := 0
+	for _, x := range rec.times() {
+		// 20ms after the pause began: the message has reached both gates.
+		if x.After(pausedAt.Add(20*time.Millisecond)) && x.Before(pausedAt.Add(pause-20*time.Millisecond)) {
+			inside++
+		}
+	}
+	b, _ := reps[1].gate.Bucket("acme", p)
+	st, _ := b.Stats(context.Background())
+	t.Logf("%d calls started inside the %s pause; %d reserved ticks dropped", inside, pause, st.Dropped)
+	if inside > 0 {
+		t.Errorf("%d calls started inside the pause", inside)
+	}
+	if st.Dropped == 0 {
+		t.Error("no reserved tick was dropped: the test did not pause a busy bucket")
 	}
 }

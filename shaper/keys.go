@@ -19,11 +19,15 @@ const DefaultKeyPrefix = "shaper"
 func gateKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "gate") }
 
 // controlKey is a hash of what adaptation sets: "paused_until" (Redis-time
-// microseconds), "pause_reason", "min_interval" (microseconds),
-// "max_burst", "rate" and "rate_reason".
+// microseconds) and "pause_reason"; the effective "rate" (calls per
+// primary window, below the configured one), "rate_reason", "rate_source";
+// and the learning state "hi" (rate that last failed), "lo" (rate that
+// last stayed quiet), "last_throttle", "last_decrease" and "last_change"
+// (Redis-time µs).
 func controlKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "ctl") }
 
-// statsKey is a hash of counters: "granted", "deferred", "late", "pauses".
+// statsKey is a hash of counters: "granted", "deferred", "late",
+// "dropped" (ticks dropped because a pause began), "pauses", "resets".
 func statsKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "stats") }
 
 // inFlightKey is a sorted set of in-flight leases scored by their expiry
@@ -49,3 +53,6 @@ func checkBucket(bucket string) error {
 	}
 	return nil
 }
+
+// pauseChannel is the Pub/Sub channel pauses are announced on.
+func pauseChannel(prefix string) string { return prefix + ":pauses" }

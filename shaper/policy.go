@@ -66,6 +66,8 @@ type Policy struct {
 	// LeaseTTL is how long an in-flight slot is held after its tick when
 	// its holder never releases it (a crash). Default 1m.
 	LeaseTTL time.Duration
+	// Adapt tunes learning from 429s that carry no limit.
+	Adapt Adapt
 }
 
 // Errors returned by Policy.Validate, matched with errors.Is.

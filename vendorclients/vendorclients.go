@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
@@ -38,6 +40,11 @@ type Vendor struct {
 	Timeout time.Duration
 	// MaxRetryAfter caps the pause a Retry-After can ask for. Default 1h.
 	MaxRetryAfter time.Duration
+	// Headers are set on every request (auth, API versions). Their values
+	// may be secrets: they never appear in logs, errors or task results.
+	Headers map[string]string
+	// UserAgent; default "shaper".
+	UserAgent string
 }
 
 // RateLimitedError is a 429 (or a 503 with Retry-After) from a vendor. The
@@ -130,8 +137,12 @@ func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if v.UserAgent == "" {
+		v.UserAgent = "shaper"
+	}
 	t := &Transport{Base: opts.Base, Bucket: bucket, Vendor: v.Name, MaxWait: opts.MaxWait,
-		MaxRetryAfter: v.MaxRetryAfter, Timeout: v.Timeout, Logger: opts.Logger}
+		MaxRetryAfter: v.MaxRetryAfter, Timeout: v.Timeout, Logger: opts.Logger,
+		Headers: v.Headers, UserAgent: v.UserAgent}
 	hc := &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse // never follow a vendor off its base_url
 	}}
@@ -225,6 +236,10 @@ type Transport struct {
 	MaxRetryAfter time.Duration
 	Timeout       time.Duration
 	Logger        *slog.Logger
+	Headers       map[string]string // set on every request unless the request has them
+	UserAgent     string
+
+	announced atomic.Uint64 // math.Float64bits of the last rate announced to the gate
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -244,7 +259,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var pause time.Duration
 	ctx = context.WithValue(ctx, pauseKey{}, &pause)
 	ctx = context.WithValue(ctx, permitKey{}, permit)
-	resp, err := t.Base.RoundTrip(req.WithContext(ctx))
+	out := req.WithContext(ctx)
+	if len(t.Headers) > 0 || t.UserAgent != "" {
+		out.Header = req.Header.Clone()
+		for k, v := range t.Headers {
+			if out.Header.Get(k) == "" {
+				out.Header.Set(k, v)
+			}
+		}
+		if t.UserAgent != "" && out.Header.Get("User-Agent") == "" {
+			out.Header.Set("User-Agent", t.UserAgent)
+		}
+	}
+	resp, err := t.Base.RoundTrip(out)
 	if err != nil {
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
@@ -254,30 +281,72 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
 	}}
-	if isRateLimited(resp) {
-		d := DefaultPause
-		reason := fmt.Sprintf("HTTP %d without Retry-After", resp.StatusCode)
-		if v := resp.Header.Get("Retry-After"); v != "" {
-			if ra, ok := ParseRetryAfter(v, time.Now()); ok {
-				d, reason = ra, fmt.Sprintf("HTTP %d Retry-After: %s", resp.StatusCode, v)
-			} else {
-				t.Logger.Warn("vendorclients: ignoring an unparsable Retry-After", "vendor", t.Vendor, "retry_after", v)
-			}
-		}
-		if d > t.MaxRetryAfter {
-			t.Logger.Warn("vendorclients: capping Retry-After", "vendor", t.Vendor, "asked", d, "cap", t.MaxRetryAfter)
-			d = t.MaxRetryAfter
-		}
-		if d > 0 {
-			left, err := t.Bucket.Pause(context.WithoutCancel(ctx), d, reason)
-			if err != nil {
-				t.Logger.Error("vendorclients: could not pause the vendor", "vendor", t.Vendor, "err", err)
-			}
-			pause = left
-		}
-		t.Logger.Info("vendorclients: vendor rate-limited us; paused for every replica", "vendor", t.Vendor, "status", resp.StatusCode, "pause", pause, "reason", reason)
-	}
+	pause = t.adapt(context.WithoutCancel(ctx), resp)
 	return resp, nil
+}
+
+// adapt feeds what the response says about the vendor's limits back into
+// the gate, for every replica: an announced limit lowers the effective
+// rate; "0 remaining" pauses until the reset; a 429 (or 503 with
+// Retry-After) pauses until Retry-After, and without an announced limit
+// also lowers the rate multiplicatively. It returns the pause in force.
+func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duration {
+	now := time.Now()
+	h := ParseHints(resp.Header, now)
+	if v := resp.Header.Get("Retry-After"); v != "" && !h.HasRetryAfter {
+		t.Logger.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", t.Vendor, "retry_after", v)
+	}
+	primary := t.Bucket.Policy().Limits[0]
+	if h.Limit > 0 {
+		window := h.Window
+		if window <= 0 {
+			window = primary.Window // X-RateLimit-Limit does not say: assume the configured window
+		}
+		rate := float64(h.Limit) * float64(primary.Window) / float64(window)
+		if bits := math.Float64bits(rate); t.announced.Swap(bits) != bits {
+			reason := fmt.Sprintf("vendor announces %d per %s (%s headers)", h.Limit, shaper.FormatDuration(window), h.Style)
+			if err := t.Bucket.Announce(ctx, rate, reason); err != nil {
+				t.Logger.Error("vendorclients: could not apply an announced limit", "vendor", t.Vendor, "err", err)
+			} else if rate < float64(primary.Rate) {
+				t.Logger.Info("vendorclients: effective rate lowered to the vendor's announced limit", "vendor", t.Vendor, "rate", rate, "per", primary.Window, "reason", reason)
+			}
+		}
+	}
+	limited := isRateLimited(resp)
+	var d time.Duration
+	var reason string
+	switch {
+	case limited && h.HasRetryAfter:
+		d, reason = h.RetryAfter, fmt.Sprintf("HTTP %d, Retry-After: %s", resp.StatusCode, resp.Header.Get("Retry-After"))
+	case limited && h.Reset >= 0 && h.Remaining <= 0:
+		d, reason = h.Reset, fmt.Sprintf("HTTP %d, limit resets in %s", resp.StatusCode, h.Reset.Round(time.Millisecond))
+	case limited:
+		d, reason = DefaultPause, fmt.Sprintf("HTTP %d without Retry-After", resp.StatusCode)
+	case h.Remaining == 0 && h.Reset > 0:
+		d, reason = h.Reset, fmt.Sprintf("vendor says 0 calls remaining, resets in %s", h.Reset.Round(time.Millisecond))
+	}
+	if d > t.MaxRetryAfter {
+		t.Logger.Warn("vendorclients: capping a pause the vendor asked for", "vendor", t.Vendor, "asked", d, "cap", t.MaxRetryAfter)
+		d = t.MaxRetryAfter
+	}
+	var pause time.Duration
+	if d > 0 {
+		left, err := t.Bucket.Pause(ctx, d, reason)
+		if err != nil {
+			t.Logger.Error("vendorclients: could not pause the vendor", "vendor", t.Vendor, "err", err)
+		}
+		pause = left
+		t.Logger.Info("vendorclients: vendor paused for every replica", "vendor", t.Vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
+	}
+	if limited && h.Limit == 0 {
+		rate, err := t.Bucket.Throttled(ctx, fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode))
+		if err != nil {
+			t.Logger.Error("vendorclients: could not lower the rate", "vendor", t.Vendor, "err", err)
+		} else {
+			t.Logger.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", t.Vendor, "rate", rate, "per", primary.Window)
+		}
+	}
+	return pause
 }
 
 type releasingBody struct {

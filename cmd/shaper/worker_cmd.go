@@ -35,7 +35,11 @@ worker.shutdown_timeout) and the rest go back to the queue.`,
 				return err
 			}
 			defer closeRedis()
-			w, err := queue.NewWorker(rdb, workerConfig(cfg, log))
+			wc, err := workerConfig(cfg, log)
+			if err != nil {
+				return err
+			}
+			w, err := queue.NewWorker(rdb, wc)
 			if err != nil {
 				return err
 			}
@@ -50,7 +54,7 @@ func loadConfig(cmd *cobra.Command) (*config.Config, error) {
 	return config.Load(path)
 }
 
-func workerConfig(cfg *config.Config, log *slog.Logger) queue.WorkerConfig {
+func workerConfig(cfg *config.Config, log *slog.Logger) (queue.WorkerConfig, error) {
 	wc := queue.WorkerConfig{
 		MaxWait:         cfg.Worker.MaxWait,
 		ShutdownTimeout: cfg.Worker.ShutdownTimeout,
@@ -58,11 +62,16 @@ func workerConfig(cfg *config.Config, log *slog.Logger) queue.WorkerConfig {
 		Logger:          log,
 	}
 	for _, v := range cfg.Vendors {
+		headers, err := v.ExpandHeaders()
+		if err != nil {
+			return wc, err
+		}
 		wc.Vendors = append(wc.Vendors, queue.VendorSpec{
 			Name: v.Name, BaseURL: v.BaseURL, Policy: v.Policy(), Timeout: v.Timeout, Concurrency: v.Concurrency,
+			Headers: headers, UserAgent: v.UserAgent, MaxRetryAfter: v.MaxRetryAfter,
 		})
 	}
-	return wc
+	return wc, nil
 }
 
 func clientConfig(cfg *config.Config) queue.ClientConfig {
