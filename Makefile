@@ -6,9 +6,10 @@ STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin
 .PHONY: test bench lint fuzz
 
 # -p 1: the timing tests of different packages must not compete for the
-# machine's two cores.
+# machine's two cores. -parallel 8: the learning scenarios (light traffic,
+# 70 s each) run side by side.
 test:
-	$(GO) test -race -count=1 -p 1 ./...
+	$(GO) test -race -count=1 -p 1 -parallel 8 ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt

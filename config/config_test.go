@@ -149,3 +149,36 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestVendorHeadersFromEnvironment(t *testing.T) {
+	cfg, err := Parse("c.toml", []byte(`[vendors.acme]
+base_url = "https://x"
+rate = 1
+headers = { Authorization = "Bearer ${SHAPER_TEST_TOKEN}", X-Api-Version = "2" }
+user_agent = "orders-sync/1.0"
+max_retry_after = "10m"
+adapt_decrease = 0.5
+adapt_quiet = "30s"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := cfg.Vendors[0]
+	if v.UserAgent != "orders-sync/1.0" || v.MaxRetryAfter != 10*time.Minute || v.Adapt.Decrease != 0.5 || v.Adapt.Quiet != 30*time.Second || v.Adapt.Increase != 0.05 {
+		t.Errorf("vendor = %+v", v)
+	}
+	if _, err := v.ExpandHeaders(); err == nil || !strings.Contains(err.Error(), "SHAPER_TEST_TOKEN not set") {
+		t.Errorf("missing variable: %v", err)
+	}
+	t.Setenv("SHAPER_TEST_TOKEN", "s3cret")
+	h, err := v.ExpandHeaders()
+	if err != nil || h["Authorization"] != "Bearer s3cret" || h["X-Api-Version"] != "2" {
+		t.Errorf("headers = %v, %v", h, err)
+	}
+	if _, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nadapt_decrease = 1.5\n")); err == nil || !strings.Contains(err.Error(), "between 0 and 1") {
+		t.Errorf("adapt_decrease 1.5: %v", err)
+	}
+	if _, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nheaders = { Idempotency-Key = \"x\" }\n")); err == nil {
+		t.Error("an Idempotency-Key header was accepted")
+	}
+}

@@ -323,7 +323,15 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 	case limited:
 		d, reason = DefaultPause, fmt.Sprintf("HTTP %d without Retry-After", resp.StatusCode)
 	case h.Remaining == 0 && h.Reset > 0:
-		d, reason = h.Reset, fmt.Sprintf("vendor says 0 calls remaining, resets in %s", h.Reset.Round(time.Millisecond))
+		// A reset given in whole seconds is rounded up: the window may end
+		// up to a second earlier. Pause until the earliest moment it can
+		// end; a call that still comes too early gets a 429 and a full
+		// pause. (Shaping at an announced limit already spaces the calls.)
+		d = h.Reset
+		if d%time.Second == 0 {
+			d -= time.Second
+		}
+		reason = fmt.Sprintf("vendor says 0 calls remaining, resets in %s", h.Reset.Round(time.Millisecond))
 	}
 	if d > t.MaxRetryAfter {
 		t.Logger.Warn("vendorclients: capping a pause the vendor asked for", "vendor", t.Vendor, "asked", d, "cap", t.MaxRetryAfter)

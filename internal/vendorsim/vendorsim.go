@@ -5,6 +5,7 @@ package vendorsim
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -29,6 +30,10 @@ type Vendor struct {
 	Phase  time.Duration // windows start at Unix-epoch multiples of Window plus Phase
 	// RetryAfter is "seconds" (default), "date" or "none".
 	RetryAfter string
+	// Headers is "none" (default), "x-ratelimit" (X-RateLimit-Limit,
+	// -Remaining, -Reset in seconds) or "ietf" (RateLimit-Policy and
+	// RateLimit, draft-08 and later), sent on every answer.
+	Headers string
 	// Status, when set, decides the answer to an admitted request (for
 	// fault tests); default 200.
 	Status func(r *http.Request) int
@@ -57,9 +62,20 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = v.Status(r)
 	}
 	v.requests = append(v.requests, Request{At: now, Method: r.Method, Path: r.URL.RequestURI(), Key: r.Header.Get("Idempotency-Key"), Status: status})
+	remaining := max(v.Rate-v.count, 0)
 	v.mu.Unlock()
+	end := time.Unix(0, (k+1)*int64(v.Window)+int64(v.Phase))
+	reset := int(math.Ceil(time.Until(end).Seconds()))
+	switch v.Headers {
+	case "x-ratelimit":
+		w.Header().Set("X-RateLimit-Limit", strconv.Itoa(v.Rate))
+		w.Header().Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
+		w.Header().Set("X-RateLimit-Reset", strconv.Itoa(reset))
+	case "ietf":
+		w.Header().Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=%d`, v.Rate, max(int(v.Window/time.Second), 1)))
+		w.Header().Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, remaining, reset))
+	}
 	if over {
-		end := time.Unix(0, (k+1)*int64(v.Window)+int64(v.Phase))
 		switch v.RetryAfter {
 		case "date":
 			w.Header().Set("Retry-After", end.Add(time.Second).UTC().Format(http.TimeFormat))
