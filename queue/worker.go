@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,6 +96,7 @@ type HandlerFunc func(ctx context.Context, t *asynq.Task, vendor *vendorclients.
 
 type vendorRuntime struct {
 	spec    VendorSpec
+	secrets []string // header values to redact from results and errors
 	queue   string
 	bucket  *shaper.Bucket
 	client  *vendorclients.Client
@@ -160,7 +162,16 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		if err != nil {
 			return nil, err
 		}
-		w.vendors[spec.Name] = &vendorRuntime{spec: spec, queue: QueueName(spec.Name), bucket: bucket, client: client,
+		var secrets []string
+		for _, v := range spec.Headers {
+			if len(v) >= 4 {
+				secrets = append(secrets, v)
+				if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 4 { // "Bearer <token>"
+					secrets = append(secrets, token)
+				}
+			}
+		}
+		w.vendors[spec.Name] = &vendorRuntime{spec: spec, secrets: secrets, queue: QueueName(spec.Name), bucket: bucket, client: client,
 			heldKey: cfg.KeyPrefix + ":{" + shaper.VendorBucket(spec.Name) + "}:held"}
 		w.handlers[spec.Name] = map[string]HandlerFunc{}
 	}
@@ -376,6 +387,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, i
 			return fmt.Errorf("%s %s: %w", call.Method, call.Path, err)
 		}
 		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, excerptBytes))
+		excerpt = redact(excerpt, rt.secrets)
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		res, _ := json.Marshal(CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)})
@@ -391,6 +403,15 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, i
 			return fmt.Errorf("%s %s: HTTP %d (not retried): %s: %w", call.Method, call.Path, resp.StatusCode, excerpt, asynq.SkipRetry)
 		}
 	}
+}
+
+// redact replaces the vendor's header values (secrets) in b: a vendor that
+// echoes a request's headers must not leak them into task results.
+func redact(b []byte, secrets []string) []byte {
+	for _, s := range secrets {
+		b = bytes.ReplaceAll(b, []byte(s), []byte("[redacted]"))
+	}
+	return b
 }
 
 // markEnd records the end of an export's call: done, or failed for good

@@ -422,3 +422,33 @@ func TestEnqueueIdempotent(t *testing.T) {
 		t.Errorf("same id again: %v, want ErrDuplicate", err)
 	}
 }
+
+func TestSecretsStayOutOfResults(t *testing.T) {
+	e := newEnv(t)
+	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, "bad request; you sent Authorization: %s", r.Header.Get("Authorization"))
+	})
+	name := e.vendor("secret", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, echo)
+	e.specs[0].Headers = map[string]string{"Authorization": "Bearer tok-9f8e7d6c"}
+	c := e.newClient()
+	id, err := c.Enqueue(context.Background(), Call{Vendor: name, Path: "/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	var info *asynq.TaskInfo
+	waitFor(t, 30*time.Second, "the call to be archived", func() bool {
+		info, err = insp.GetTaskInfo(QueueName(name), id)
+		return err == nil && info.State == asynq.TaskStateArchived
+	})
+	for what, text := range map[string]string{"error": info.LastErr, "result": string(info.Result)} {
+		if strings.Contains(text, "tok-9f8e7d6c") {
+			t.Errorf("the secret is in the task's %s: %s", what, text)
+		}
+		if !strings.Contains(text, "[redacted]") {
+			t.Errorf("the task's %s lost the vendor's answer: %s", what, text)
+		}
+	}
+}

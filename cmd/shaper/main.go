@@ -25,6 +25,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "config.toml", "config file")
-	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd())
+	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd(), newDemoCmd())
 	return root
 }
