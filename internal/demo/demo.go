@@ -137,8 +137,12 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 		lim := rate.NewLimiter(rate.Limit(perSecond), o.Rate)
 		srv := asynq.NewServerFromRedisClient(client(), asynq.Config{
 			Concurrency: 10, Queues: map[string]int{"naive": 1}, LogLevel: asynq.FatalLevel, Logger: nopLogger{},
-			IsFailure:      func(err error) bool { var l *limited; return !errors.As(err, &l) },
-			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration { var l *limited; errors.As(err, &l); return max(l.after, time.Second) },
+			IsFailure: func(err error) bool { var l *limited; return !errors.As(err, &l) },
+			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+				var l *limited
+				errors.As(err, &l)
+				return max(l.after, time.Second)
+			},
 		})
 		mux := asynq.NewServeMux()
 		mux.HandleFunc("naive:call", func(ctx context.Context, t *asynq.Task) error {
