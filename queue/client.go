@@ -137,6 +137,9 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 	return c
 }
 
+// Redis returns the client's Redis connection.
+func (c *Client) Redis() redis.UniversalClient { return c.rdb }
+
 // Close releases the client.
 func (c *Client) Close() error { return c.aq.Close() }
 
@@ -277,4 +280,34 @@ func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) 
 		}
 	}
 	return res, nil
+}
+
+// QueueStats is the asynq side of a vendor's bucket.
+type QueueStats struct {
+	Pending   int64 // waiting to be picked up
+	Active    int64 // held by a worker: waiting for a tick or calling
+	Scheduled int64
+	Retry     int64         // waiting for a retry (failures, and waits sent back to the queue)
+	Oldest    time.Duration // age of the oldest pending call (0: none)
+}
+
+// QueueStats reads a vendor's queue in one round trip.
+func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, error) {
+	q := QueueName(vendor)
+	pipe := c.rdb.Pipeline()
+	pending := pipe.LLen(ctx, "asynq:{"+q+"}:pending")
+	active := pipe.LLen(ctx, "asynq:{"+q+"}:active")
+	scheduled := pipe.ZCard(ctx, "asynq:{"+q+"}:scheduled")
+	retry := pipe.ZCard(ctx, "asynq:{"+q+"}:retry")
+	oldest := pipe.LIndex(ctx, "asynq:{"+q+"}:pending", -1)
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return QueueStats{}, fmt.Errorf("queue: stats of %s: %w", vendor, err)
+	}
+	st := QueueStats{Pending: pending.Val(), Active: active.Val(), Scheduled: scheduled.Val(), Retry: retry.Val()}
+	if id := oldest.Val(); id != "" {
+		if ns, err := c.rdb.HGet(ctx, "asynq:{"+q+"}:t:"+id, "pending_since").Int64(); err == nil && ns > 0 {
+			st.Oldest = max(time.Since(time.Unix(0, ns)), 0)
+		}
+	}
+	return st, nil
 }

@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -132,5 +133,45 @@ func TestAnnounce(t *testing.T) {
 	}
 	if st, _ := b.Stats(ctx); st.RateSource != "" {
 		t.Errorf("an announced limit above the configured one should clear the old one: %+v", st)
+	}
+}
+
+func TestStatsCountsTheLastMinute(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	b, _ := g.Bucket("acme", Policy{Limits: []Limit{{1000, time.Second}}, NoGuard: true, Horizon: time.Minute})
+	ctx := context.Background()
+	granted := 0
+	for granted < 10 {
+		r, err := b.Reserve(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.OK {
+			granted++
+		}
+	}
+	for range 3 {
+		if err := b.NoteThrottled(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := b.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Granted != 10 || st.GrantedLastMinute != 10 || st.Throttled != 3 || st.ThrottledLastMinute != 3 {
+		t.Errorf("stats %+v: want 10 granted and 3 throttled, all in the last minute", st)
+	}
+}
+
+func TestLastMinuteEstimate(t *testing.T) {
+	num := func(s string) int64 { var n int64; fmt.Sscan(s, &n); return n }
+	now := int64(100)*60_000_000 + 15_000_000 // a quarter into minute 100
+	if got := lastMinute(now, []string{"100", "4", "99", "40"}, num); got != 4+30 {
+		t.Errorf("got %d, want 34 (4 now + 3/4 of the previous 40)", got)
+	}
+	if got := lastMinute(now, []string{"98", "50", "100", "2"}, num); got != 2 {
+		t.Errorf("stale slot counted: %d", got)
 	}
 }

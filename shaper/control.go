@@ -270,6 +270,23 @@ func (b *Bucket) Recover(ctx context.Context) (float64, bool, error) {
 	return r, err == nil, err
 }
 
+// noteThrottledScript counts a rate-limited answer.
+//
+// KEYS[1] stats hash. Returns 0.
+var noteThrottledScript = redis.NewScript(minuteCounterLua + `
+local t = redis.call('TIME')
+count(KEYS[1], 'throttled', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+return 0
+`)
+
+// NoteThrottled counts one rate-limited answer (429) for the stats.
+func (b *Bucket) NoteThrottled(ctx context.Context) error {
+	if err := noteThrottledScript.Run(ctx, b.gate.rdb, []string{b.keys[2]}).Err(); err != nil {
+		return fmt.Errorf("shaper: count a 429 for %q: %w", b.name, err)
+	}
+	return nil
+}
+
 // Stats is a snapshot of one bucket, read in one round trip.
 type Stats struct {
 	Bucket string
@@ -294,6 +311,11 @@ type Stats struct {
 	Dropped  int64 // ticks dropped because a pause began after they were reserved
 	Pauses   int64 // pauses set or extended
 	Resets   int64 // times the state was found missing (first use, Redis data loss)
+	// Throttled counts rate-limited answers (NoteThrottled); the LastMinute
+	// figures estimate the last 60 s from per-clock-minute counts.
+	Throttled           int64
+	GrantedLastMinute   int64
+	ThrottledLastMinute int64
 }
 
 // statsScript reads a bucket's state against Redis time.
@@ -308,14 +330,33 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local g = redis.call('HMGET', KEYS[1], 'last')
 local c = redis.call('HMGET', KEYS[2], 'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason')
-local s = redis.call('HMGET', KEYS[3], 'granted', 'deferred', 'late', 'pauses', 'resets', 'dropped')
+local s = redis.call('HMGET', KEYS[3], 'granted', 'deferred', 'late', 'pauses', 'resets', 'dropped',
+  'throttled', 'granted_m0', 'granted_c0', 'granted_m1', 'granted_c1', 'throttled_m0', 'throttled_c0', 'throttled_m1', 'throttled_c1')
 local inflight = redis.call('ZCOUNT', KEYS[4], '(' .. string.format('%d', now), '+inf')
 local out = {string.format('%d', now), g[1] or ''}
 for i = 1, 5 do out[#out + 1] = c[i] or '' end
-for i = 1, 6 do out[#out + 1] = s[i] or '' end
+for i = 1, 15 do out[#out + 1] = s[i] or '' end
 out[#out + 1] = tostring(inflight)
 return out
 `)
+
+// lastMinute estimates the count of the last 60 s from the counts of the
+// current clock minute and the previous one (m0, c0, m1, c1), weighting
+// the previous minute by the part of it still inside the last 60 s.
+func lastMinute(nowUS int64, v []string, num func(string) int64) int64 {
+	m := nowUS / 60_000_000
+	frac := float64(nowUS%60_000_000) / 60_000_000
+	var cur, prev int64
+	for i := 0; i < 4; i += 2 {
+		switch num(v[i]) {
+		case m:
+			cur = num(v[i+1])
+		case m - 1:
+			prev = num(v[i+1])
+		}
+	}
+	return cur + int64(float64(prev)*(1-frac)+0.5)
+}
 
 // Stats reads the bucket's state.
 func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
@@ -323,7 +364,7 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("shaper: stats of %q: %w", b.name, err)
 	}
-	if len(vals) != 14 {
+	if len(vals) != 23 {
 		return Stats{}, fmt.Errorf("shaper: stats of %q: unexpected reply %q", b.name, vals)
 	}
 	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
@@ -341,8 +382,11 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		Pauses:         num(vals[10]),
 		Resets:         num(vals[11]),
 		Dropped:        num(vals[12]),
-		InFlight:       num(vals[13]),
+		Throttled:      num(vals[13]),
+		InFlight:       num(vals[22]),
 	}
+	st.GrantedLastMinute = lastMinute(now, vals[14:18], num)
+	st.ThrottledLastMinute = lastMinute(now, vals[18:22], num)
 	iv, burst := b.interval, b.burst
 	if r, err := strconv.ParseFloat(vals[4], 64); err == nil && r > 0 {
 		iv, burst = b.policy.WithRate(r)

@@ -162,7 +162,7 @@ type Reservation struct {
 // Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
 // from Redis now to the tick; when not, the time before asking again and
 // reason says why (see DeferReason).
-var reserveScript = redis.NewScript(`
+var reserveScript = redis.NewScript(minuteCounterLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
@@ -222,7 +222,7 @@ if maxif > 0 then
   redis.call('ZADD', KEYS[4], string.format('%d', tick + tonumber(ARGV[5])), ARGV[6])
 end
 redis.call('HSET', KEYS[1], 'last', string.format('%d', tick), 'n', n)
-redis.call('HINCRBY', KEYS[3], 'granted', 1)
+count(KEYS[3], 'granted', now)
 return {1, tick - now, 0}
 `)
 
@@ -249,6 +249,22 @@ func (b *Bucket) Reserve(ctx context.Context) (Reservation, error) {
 	}
 	return r, nil
 }
+
+// minuteCounterLua defines count(key, name, now): it adds one to the
+// counter name of hash key, and to its count for the current clock minute
+// (two slots, name_m0/name_c0 and name_m1/name_c1, by minute parity), so
+// that stats can tell the last minute from the total in constant space.
+const minuteCounterLua = `
+local function count(key, name, now)
+  local m = math.floor(now / 60000000)
+  local slot = tostring(m % 2)
+  if tonumber(redis.call('HGET', key, name .. '_m' .. slot)) ~= m then
+    redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
+  end
+  redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
+  redis.call('HINCRBY', key, name, 1)
+end
+`
 
 // releaseScript frees an in-flight lease and counts a tick given up.
 //

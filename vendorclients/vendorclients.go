@@ -313,6 +313,11 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 		}
 	}
 	limited := isRateLimited(resp)
+	if limited {
+		if err := t.Bucket.NoteThrottled(ctx); err != nil {
+			t.Logger.Error("vendorclients: could not count a 429", "vendor", t.Vendor, "err", err)
+		}
+	}
 	var d time.Duration
 	var reason string
 	switch {

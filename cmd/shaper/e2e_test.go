@@ -2,9 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -266,5 +266,20 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	if got := vend.Summarize().DistinctKeys; got != 20 {
 		t.Errorf("vendor saw %d distinct calls, want 20", got)
 	}
-	_ = http.StatusOK
+	out, err = runShaper(t, "", "stats", "--config", cfg, "--json")
+	if err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, out)
+	}
+	var rep StatsReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stats --json is not the documented shape: %v\n%s", err, out)
+	}
+	if len(rep.Vendors) != 1 || rep.Vendors[0].Vendor != "emb" || rep.Vendors[0].ReleasedTotal != 20 ||
+		rep.Vendors[0].ReleasedLastMinute != 20 || rep.Vendors[0].Queued != 0 || rep.Vendors[0].ConfiguredRate != 49.02 {
+		t.Errorf("stats: %+v", rep.Vendors)
+	}
+	out, err = runShaper(t, "", "stats", "--config", cfg)
+	if err != nil || !strings.Contains(out, "RELEASED 1m/TOTAL") || !strings.Contains(out, "20/20") {
+		t.Errorf("stats table: %v\n%s", err, out)
+	}
 }

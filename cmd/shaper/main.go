@@ -25,6 +25,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "config.toml", "config file")
-	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd(), newDemoCmd())
+	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd(), newDemoCmd(), newStatsCmd())
 	return root
 }

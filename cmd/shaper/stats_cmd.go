@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// VendorStats is one vendor in `shaper stats --json`. The shape is stable:
+// fields are only ever added.
+type VendorStats struct {
+	Vendor              string  `json:"vendor"`
+	ConfiguredRate      float64 `json:"configured_rate"`
+	EffectiveRate       float64 `json:"effective_rate"`
+	Window              string  `json:"window"`
+	RateSource          string  `json:"rate_source"`
+	RateReason          string  `json:"rate_reason"`
+	Queued              int64   `json:"queued"`
+	InFlight            int64   `json:"in_flight"`
+	Retrying            int64   `json:"retrying"`
+	ReleasedLastMinute  int64   `json:"released_last_minute"`
+	ReleasedTotal       int64   `json:"released_total"`
+	ThrottledLastMinute int64   `json:"throttled_last_minute"`
+	ThrottledTotal      int64   `json:"throttled_total"`
+	PausedForSeconds    float64 `json:"paused_for_seconds"`
+	PausedUntil         string  `json:"paused_until,omitempty"`
+	PauseReason         string  `json:"pause_reason"`
+	NextTickSeconds     float64 `json:"next_tick_seconds"`
+	OldestQueuedSeconds float64 `json:"oldest_queued_seconds"`
+}
+
+// StatsReport is the whole of `shaper stats --json`.
+type StatsReport struct {
+	At      time.Time     `json:"at"`
+	Vendors []VendorStats `json:"vendors"`
+}
+
+func newStatsCmd() *cobra.Command {
+	var asJSON, watch bool
+	var every time.Duration
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show each vendor's rates, queue, pauses and 429s",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+				gate := shaper.NewGate(c.Redis(), shaper.Config{})
+				for {
+					rep, err := collectStats(ctx, cfg, gate, c)
+					if err != nil {
+						return err
+					}
+					out := cmd.OutOrStdout()
+					if asJSON {
+						enc := json.NewEncoder(out)
+						if !watch {
+							enc.SetIndent("", "  ")
+						}
+						if err := enc.Encode(rep); err != nil {
+							return err
+						}
+					} else {
+						if watch {
+							fmt.Fprint(out, "\033[H\033[2J")
+						}
+						printStats(out, rep)
+					}
+					if !watch {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(every):
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object; one per line with --watch)")
+	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted")
+	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "refresh period with --watch")
+	return cmd
+}
+
+func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client) (StatsReport, error) {
+	rep := StatsReport{At: time.Now().UTC(), Vendors: []VendorStats{}}
+	for _, v := range cfg.Vendors {
+		b, err := gate.Bucket(shaper.VendorBucket(v.Name), v.Policy())
+		if err != nil {
+			return rep, err
+		}
+		st, err := b.Stats(ctx)
+		if err != nil {
+			return rep, err
+		}
+		qs, err := c.QueueStats(ctx, v.Name)
+		if err != nil {
+			return rep, err
+		}
+		vs := VendorStats{
+			Vendor: v.Name, ConfiguredRate: round2(st.ConfiguredRate), EffectiveRate: round2(st.EffectiveRate),
+			Window: shaper.FormatDuration(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
+			Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Retrying: qs.Retry,
+			ReleasedLastMinute: st.GrantedLastMinute, ReleasedTotal: st.Granted,
+			ThrottledLastMinute: st.ThrottledLastMinute, ThrottledTotal: st.Throttled,
+			PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason,
+			NextTickSeconds: st.NextTick.Seconds(), OldestQueuedSeconds: qs.Oldest.Seconds(),
+		}
+		if st.PausedFor > 0 {
+			vs.PausedUntil = rep.At.Add(st.PausedFor).Format(time.RFC3339)
+		}
+		rep.Vendors = append(rep.Vendors, vs)
+	}
+	return rep, nil
+}
+
+func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+
+func printStats(w io.Writer, rep StatsReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VENDOR\tRATE (EFFECTIVE/CONFIGURED)\tQUEUED\tIN FLIGHT\tRETRYING\tRELEASED 1m/TOTAL\t429s 1m/TOTAL\tNEXT TICK\tOLDEST\tPAUSED")
+	for _, v := range rep.Vendors {
+		rate := fmt.Sprintf("%.4g/%.4g per %s", v.EffectiveRate, v.ConfiguredRate, v.Window)
+		if v.RateSource != "" {
+			rate += fmt.Sprintf(" (%s: %s)", v.RateSource, v.RateReason)
+		}
+		paused := "-"
+		if v.PausedForSeconds > 0 {
+			paused = fmt.Sprintf("%s (%s)", (time.Duration(v.PausedForSeconds * float64(time.Second))).Round(time.Second), v.PauseReason)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", v.Vendor, rate, v.Queued, v.InFlight, v.Retrying,
+			v.ReleasedLastMinute, v.ReleasedTotal, v.ThrottledLastMinute, v.ThrottledTotal,
+			time.Duration(v.NextTickSeconds*float64(time.Second)).Round(time.Millisecond),
+			time.Duration(v.OldestQueuedSeconds*float64(time.Second)).Round(time.Second), paused)
+	}
+	tw.Flush()
+}
