@@ -3,6 +3,8 @@ package queue
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +88,8 @@ type WorkerConfig struct {
 	Logger          *slog.Logger
 	// Transport is the base HTTP transport; default a pooled one.
 	Transport http.RoundTripper
+	// Observer is told of releases and 429s (metrics); optional.
+	Observer vendorclients.Observer
 	// RetryBackoff is the delay before retry n (1-based) of a failed call
 	// (5xx, 408, timeout); default asynq's exponential backoff with jitter.
 	RetryBackoff func(n int) time.Duration
@@ -98,15 +103,22 @@ type vendorRuntime struct {
 	spec    VendorSpec
 	secrets []string // header values to redact from results and errors
 	queue   string
-	bucket  *shaper.Bucket
 	client  *vendorclients.Client
 	server  *asynq.Server
 	heldKey string
+	stop    context.CancelFunc // ends the vendor's supervisor
 }
+
+// bucket is the vendor's current gate bucket (it changes on reload).
+func (rt *vendorRuntime) bucket() *shaper.Bucket { return rt.client.Bucket() }
 
 // Worker runs the tasks of every configured vendor: one asynq.Server per
 // vendor on one shared Redis client.
 type Worker struct {
+	mu       sync.Mutex
+	runCtx   context.Context // set by Run
+	wg       sync.WaitGroup
+	replica  string // id in the gate's replica heartbeats
 	rdb      redis.UniversalClient
 	cfg      WorkerConfig
 	gate     *shaper.Gate
@@ -145,7 +157,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		}
 	}
 	w := &Worker{
-		rdb: rdb, cfg: cfg, log: cfg.Logger,
+		rdb: rdb, cfg: cfg, log: cfg.Logger, replica: replicaID(),
 		gate:     shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}),
 		insp:     asynq.NewInspectorFromRedisClient(rdb),
 		vendors:  map[string]*vendorRuntime{},
@@ -156,26 +168,46 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		if err != nil {
 			return nil, fmt.Errorf("queue: vendor %s: %w", spec.Name, err)
 		}
-		client, err := vendorclients.New(vendorclients.Vendor{Name: spec.Name, BaseURL: spec.BaseURL, Timeout: spec.Timeout,
-			Headers: spec.Headers, UserAgent: spec.UserAgent, MaxRetryAfter: spec.MaxRetryAfter},
-			bucket, vendorclients.Options{MaxWait: cfg.MaxWait, Base: cfg.Transport, Logger: cfg.Logger})
+		rt, err := w.newRuntime(spec, bucket)
 		if err != nil {
 			return nil, err
 		}
-		var secrets []string
-		for _, v := range spec.Headers {
-			if len(v) >= 4 {
-				secrets = append(secrets, v)
-				if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 4 { // "Bearer <token>"
-					secrets = append(secrets, token)
-				}
-			}
-		}
-		w.vendors[spec.Name] = &vendorRuntime{spec: spec, secrets: secrets, queue: QueueName(spec.Name), bucket: bucket, client: client,
-			heldKey: cfg.KeyPrefix + ":{" + shaper.VendorBucket(spec.Name) + "}:held"}
+		w.vendors[spec.Name] = rt
 		w.handlers[spec.Name] = map[string]HandlerFunc{}
 	}
 	return w, nil
+}
+
+func (w *Worker) newRuntime(spec VendorSpec, bucket *shaper.Bucket) (*vendorRuntime, error) {
+	client, err := vendorclients.New(vendorclients.Vendor{Name: spec.Name, BaseURL: spec.BaseURL, Timeout: spec.Timeout,
+		Headers: spec.Headers, UserAgent: spec.UserAgent, MaxRetryAfter: spec.MaxRetryAfter},
+		bucket, vendorclients.Options{MaxWait: w.cfg.MaxWait, Base: w.cfg.Transport, Logger: w.log, Observer: w.cfg.Observer})
+	if err != nil {
+		return nil, err
+	}
+	var secrets []string
+	for _, v := range spec.Headers {
+		if len(v) >= 4 {
+			secrets = append(secrets, v)
+			if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 4 { // "Bearer <token>"
+				secrets = append(secrets, token)
+			}
+		}
+	}
+	return &vendorRuntime{spec: spec, secrets: secrets, queue: QueueName(spec.Name), client: client,
+		heldKey: w.cfg.KeyPrefix + ":{" + shaper.VendorBucket(spec.Name) + "}:held"}, nil
+}
+
+// Buckets returns the vendors' current gate buckets (for stats and
+// metrics), by vendor name.
+func (w *Worker) Buckets() map[string]*shaper.Bucket {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]*shaper.Bucket, len(w.vendors))
+	for name, rt := range w.vendors {
+		out[name] = rt.bucket()
+	}
+	return out
 }
 
 // Handle registers a handler for tasks of taskType on vendor's queue
@@ -194,45 +226,136 @@ func (w *Worker) Handle(taskType, vendor string, h HandlerFunc) error {
 // Run serves every vendor until ctx ends, then shuts down gracefully: calls
 // in flight finish within ShutdownTimeout, the rest go back to the queue.
 func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	w.runCtx = ctx
 	var started []*vendorRuntime
 	for _, rt := range w.vendors {
-		mux := asynq.NewServeMux()
-		mux.HandleFunc(TypeCall, w.handleCall(rt))
-		for typ, h := range w.handlers[rt.spec.Name] {
-			mux.HandleFunc(typ, w.handleUser(rt, h))
-		}
-		rt.server = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
-			Concurrency:              rt.spec.concurrency(),
-			Queues:                   map[string]int{rt.queue: 1},
-			TaskCheckInterval:        100 * time.Millisecond,
-			DelayedTaskCheckInterval: time.Second,
-			ShutdownTimeout:          w.cfg.ShutdownTimeout,
-			IsFailure:                isFailure,
-			RetryDelayFunc:           w.retryDelay,
-			Logger:                   asynqLogger{w.log.With("vendor", rt.spec.Name)},
-			LogLevel:                 asynq.WarnLevel,
-		})
-		if err := rt.server.Start(mux); err != nil {
+		if err := w.start(ctx, rt); err != nil {
+			w.mu.Unlock()
 			for _, s := range started {
+				s.stop()
 				s.server.Shutdown()
 			}
-			return fmt.Errorf("queue: start worker for %s: %w", rt.spec.Name, err)
+			return err
 		}
 		started = append(started, rt)
-		w.log.Info("serving vendor", "vendor", rt.spec.Name, "queue", rt.queue, "concurrency", rt.spec.concurrency())
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() { w.gate.Watch(ctx) })
-	for _, rt := range started {
-		wg.Go(func() { w.supervise(ctx, rt) })
-	}
+	w.mu.Unlock()
+	w.wg.Go(func() { w.gate.Watch(ctx) })
 	<-ctx.Done()
 	w.log.Info("shutting down: calls in flight finish, the rest go back to the queue", "timeout", w.cfg.ShutdownTimeout)
-	for _, rt := range started {
-		wg.Go(func() { rt.server.Shutdown() })
+	w.mu.Lock()
+	for _, rt := range w.vendors {
+		w.wg.Go(func() { rt.server.Shutdown() })
 	}
-	wg.Wait()
+	w.mu.Unlock()
+	w.wg.Wait()
 	return nil
+}
+
+// start starts a vendor's asynq server and supervisor; w.mu is held.
+func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(TypeCall, w.handleCall(rt))
+	for typ, h := range w.handlers[rt.spec.Name] {
+		mux.HandleFunc(typ, w.handleUser(rt, h))
+	}
+	rt.server = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+		Concurrency:              rt.spec.concurrency(),
+		Queues:                   map[string]int{rt.queue: 1},
+		TaskCheckInterval:        100 * time.Millisecond,
+		DelayedTaskCheckInterval: time.Second,
+		ShutdownTimeout:          w.cfg.ShutdownTimeout,
+		IsFailure:                isFailure,
+		RetryDelayFunc:           w.retryDelay,
+		Logger:                   asynqLogger{w.log.With("vendor", rt.spec.Name)},
+		LogLevel:                 asynq.WarnLevel,
+	})
+	if err := rt.server.Start(mux); err != nil {
+		return fmt.Errorf("queue: start worker for %s: %w", rt.spec.Name, err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	rt.stop = cancel
+	w.wg.Go(func() { w.supervise(sctx, rt) })
+	w.log.Info("serving vendor", "vendor", rt.spec.Name, "queue", rt.queue, "concurrency", rt.spec.concurrency())
+	return nil
+}
+
+// Apply brings a running worker to a new vendor list (a config reload): a
+// changed rate, window, burst, guard or limit applies to the next release,
+// with no burst (the next tick is the last one plus the new interval);
+// added vendors start serving; removed ones stop taking calls (their
+// queued calls stay in Redis). Changes to base_url, headers, timeouts and
+// concurrency take effect when the worker restarts; Apply says so. It
+// checks everything before changing anything.
+func (w *Worker) Apply(specs []VendorSpec) (notes []string, err error) {
+	buckets := map[string]*shaper.Bucket{}
+	for _, spec := range specs {
+		b, err := w.gate.Bucket(shaper.VendorBucket(spec.Name), spec.Policy)
+		if err != nil {
+			return nil, fmt.Errorf("queue: vendor %s: %w", spec.Name, err)
+		}
+		buckets[spec.Name] = b
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := map[string]bool{}
+	for _, spec := range specs {
+		keep[spec.Name] = true
+		rt, ok := w.vendors[spec.Name]
+		if !ok {
+			nrt, err := w.newRuntime(spec, buckets[spec.Name])
+			if err != nil {
+				return notes, err
+			}
+			w.vendors[spec.Name] = nrt
+			w.handlers[spec.Name] = map[string]HandlerFunc{}
+			if w.runCtx != nil {
+				if err := w.start(w.runCtx, nrt); err != nil {
+					return notes, err
+				}
+			}
+			notes = append(notes, fmt.Sprintf("vendor %s added", spec.Name))
+			continue
+		}
+		oldIv, oldBurst := rt.bucket().Tick()
+		newIv, newBurst := buckets[spec.Name].Tick()
+		if oldIv != newIv || oldBurst != newBurst || rt.bucket().Policy().MaxInFlight != buckets[spec.Name].Policy().MaxInFlight {
+			rt.client.SetBucket(buckets[spec.Name])
+			notes = append(notes, fmt.Sprintf("vendor %s: release tick %d every %s -> %d every %s", spec.Name, oldBurst, oldIv, newBurst, newIv))
+		} else {
+			rt.client.SetBucket(buckets[spec.Name]) // adaptation settings may have changed
+		}
+		if spec.BaseURL != rt.spec.BaseURL || spec.Timeout != rt.spec.Timeout || spec.Concurrency != rt.spec.Concurrency ||
+			spec.UserAgent != rt.spec.UserAgent || !sameHeaders(spec.Headers, rt.spec.Headers) {
+			notes = append(notes, fmt.Sprintf("vendor %s: base_url, headers, user_agent, timeout and concurrency changes apply when the worker restarts", spec.Name))
+		}
+		rt.spec.Policy = spec.Policy
+	}
+	for name, rt := range w.vendors {
+		if keep[name] {
+			continue
+		}
+		delete(w.vendors, name)
+		if rt.server != nil {
+			rt.stop()
+			w.wg.Go(func() { rt.server.Shutdown() })
+		}
+		notes = append(notes, fmt.Sprintf("vendor %s removed: its worker stops; queued calls stay in Redis", name))
+	}
+	return notes, nil
+}
+
+func sameHeaders(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // supervise unpauses the vendor's asynq queue when this worker (or
@@ -246,7 +369,10 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 			return
 		case <-t.C:
 		}
-		if rate, changed, err := rt.bucket.Recover(ctx); err == nil && changed {
+		if err := rt.bucket().Heartbeat(ctx, w.replica); err != nil && ctx.Err() == nil {
+			w.log.Warn("gate heartbeat failed", "vendor", rt.spec.Name, "err", err)
+		}
+		if rate, changed, err := rt.bucket().Recover(ctx); err == nil && changed {
 			if rate == 0 {
 				w.log.Info("vendor quiet: back to the configured rate", "vendor", rt.spec.Name)
 			} else {
@@ -257,7 +383,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		if err != nil || held == 0 {
 			continue
 		}
-		st, err := rt.bucket.Stats(ctx)
+		st, err := rt.bucket().Stats(ctx)
 		if err != nil || st.NextTick > w.cfg.MaxWait {
 			continue
 		}
@@ -269,6 +395,13 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 			}
 		}
 	}
+}
+
+func replicaID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
 // hold pauses the vendor's asynq queue through a long wait, so that no

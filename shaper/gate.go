@@ -98,6 +98,7 @@ func (g *Gate) Bucket(name string, p Policy) (*Bucket, error) {
 		keys: []string{
 			gateKey(g.prefix, name), controlKey(g.prefix, name),
 			statsKey(g.prefix, name), inFlightKey(g.prefix, name),
+			replicasKey(g.prefix, name),
 		},
 	}, nil
 }
@@ -151,7 +152,7 @@ type Reservation struct {
 // reserveScript reserves the next release tick of one bucket.
 //
 // KEYS[1] gate hash, KEYS[2] control hash, KEYS[3] stats hash,
-// KEYS[4] in-flight sorted set (see keys.go).
+// KEYS[4] in-flight sorted set, KEYS[5] replicas hash (see keys.go).
 // ARGV[1] tick interval (µs) of the caller's policy
 // ARGV[2] burst of the caller's policy
 // ARGV[3] horizon (µs): no tick is reserved further ahead than this
@@ -169,6 +170,17 @@ local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local maxif = tonumber(ARGV[4])
+
+-- While live replicas disagree on the config (a rolling edit), the most
+-- conservative tick wins.
+local peers = redis.call('HGETALL', KEYS[5])
+for i = 2, #peers, 2 do
+  local iv, b, seen = string.match(peers[i], '^(%d+)|(%d+)|(%d+)$')
+  if iv and now - tonumber(seen) < 5000000 then
+    if tonumber(iv) > interval then interval = tonumber(iv) end
+    if tonumber(b) < burst then burst = tonumber(b) end
+  end
+end
 
 local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate')
 local paused = tonumber(ctl[1]) or 0
@@ -265,6 +277,65 @@ local function count(key, name, now)
   redis.call('HINCRBY', key, name, 1)
 end
 `
+
+// heartbeatScript records the tick of one live replica's config, and
+// forgets replicas not heard from for a minute.
+//
+// KEYS[1] replicas hash. ARGV[1] replica id, ARGV[2] interval (µs),
+// ARGV[3] burst. Returns 0.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. ARGV[3] .. '|' .. string.format('%d', now))
+local all = redis.call('HGETALL', KEYS[1])
+for i = 2, #all, 2 do
+  local seen = tonumber(string.match(all[i], '|(%d+)$'))
+  if seen and now - seen > 60000000 then redis.call('HDEL', KEYS[1], all[i - 1]) end
+end
+return 0
+`)
+
+// Heartbeat tells every replica this one's configured tick, so that while
+// replicas disagree (a rolling config edit) the gate uses the most
+// conservative live one. Workers call it about every half second; a
+// replica silent for 5 s no longer counts.
+func (b *Bucket) Heartbeat(ctx context.Context, replica string) error {
+	err := heartbeatScript.Run(ctx, b.gate.rdb, []string{b.keys[4]}, replica, b.interval.Microseconds(), b.burst).Err()
+	if err != nil {
+		return fmt.Errorf("shaper: heartbeat for %q: %w", b.name, err)
+	}
+	return nil
+}
+
+// ReplicaTick is one live replica's configured tick.
+type ReplicaTick struct {
+	Replica  string
+	Interval time.Duration
+	Burst    int
+}
+
+// Replicas returns the ticks of the replicas heard from in the last 5 s.
+func (b *Bucket) Replicas(ctx context.Context) ([]ReplicaTick, error) {
+	all, err := b.gate.rdb.HGetAll(ctx, b.keys[4]).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shaper: replicas of %q: %w", b.name, err)
+	}
+	now, err := b.gate.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shaper: replicas of %q: %w", b.name, err)
+	}
+	var out []ReplicaTick
+	for id, v := range all {
+		var iv, burst, seen int64
+		if _, err := fmt.Sscanf(v, "%d|%d|%d", &iv, &burst, &seen); err != nil {
+			continue
+		}
+		if now.UnixMicro()-seen < 5_000_000 {
+			out = append(out, ReplicaTick{Replica: id, Interval: time.Duration(iv) * time.Microsecond, Burst: int(burst)})
+		}
+	}
+	return out, nil
+}
 
 // releaseScript frees an in-flight lease and counts a tick given up.
 //

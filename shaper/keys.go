@@ -34,6 +34,10 @@ func statsKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "
 // (Redis-time microseconds).
 func inFlightKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "inflight") }
 
+// replicasKey is a hash of live replicas' configured ticks: replica id ->
+// "interval_µs|burst|seen_µs" (Redis time).
+func replicasKey(prefix, bucket string) string { return bucketKey(prefix, bucket, "replicas") }
+
 func bucketKey(prefix, bucket, name string) string {
 	return prefix + ":{" + bucket + "}:" + name
 }

@@ -103,13 +103,31 @@ func CheckPath(p string) error {
 
 // Client calls one vendor through its gate.
 type Client struct {
-	vendor Vendor
-	base   *url.URL
-	http   *http.Client
+	vendor    Vendor
+	base      *url.URL
+	http      *http.Client
+	transport *Transport
+}
+
+// SetBucket shapes the client's next requests by b (a new policy after a
+// config reload); requests already waiting keep theirs.
+func (c *Client) SetBucket(b *shaper.Bucket) { c.transport.SetBucket(b) }
+
+// Bucket returns the bucket the client's requests pass.
+func (c *Client) Bucket() *shaper.Bucket { return c.transport.Bucket() }
+
+// Observer is told what happens to calls, for metrics. Its methods must be
+// cheap and safe for concurrent use.
+type Observer interface {
+	// Released: a call got its tick after waiting wait for it.
+	Released(vendor string, wait time.Duration)
+	// Throttled: the vendor answered 429 (or 503 with Retry-After).
+	Throttled(vendor string)
 }
 
 // Options configure a Client.
 type Options struct {
+	Observer Observer // optional
 	// MaxWait is the longest a request waits for its tick; beyond it the
 	// request fails at once with a *WaitError. 0: no bound.
 	MaxWait time.Duration
@@ -140,13 +158,14 @@ func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
 	if v.UserAgent == "" {
 		v.UserAgent = "shaper"
 	}
-	t := &Transport{Base: opts.Base, Bucket: bucket, Vendor: v.Name, MaxWait: opts.MaxWait,
+	t := &Transport{Base: opts.Base, Vendor: v.Name, MaxWait: opts.MaxWait,
 		MaxRetryAfter: v.MaxRetryAfter, Timeout: v.Timeout, Logger: opts.Logger,
-		Headers: v.Headers, UserAgent: v.UserAgent}
+		Headers: v.Headers, UserAgent: v.UserAgent, Observer: opts.Observer}
+	t.SetBucket(bucket)
 	hc := &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse // never follow a vendor off its base_url
 	}}
-	return &Client{vendor: v, base: base, http: hc}, nil
+	return &Client{vendor: v, base: base, http: hc, transport: t}, nil
 }
 
 func parseBase(s string) (*url.URL, error) {
@@ -230,7 +249,6 @@ func isRateLimited(resp *http.Response) bool {
 // its vendor's tick, and a 429 pauses the vendor for every replica.
 type Transport struct {
 	Base          http.RoundTripper
-	Bucket        *shaper.Bucket
 	Vendor        string
 	MaxWait       time.Duration
 	MaxRetryAfter time.Duration
@@ -238,19 +256,33 @@ type Transport struct {
 	Logger        *slog.Logger
 	Headers       map[string]string // set on every request unless the request has them
 	UserAgent     string
+	Observer      Observer // optional
 
 	announced atomic.Uint64 // math.Float64bits of the last rate announced to the gate
+	bucket    atomic.Pointer[shaper.Bucket]
 }
+
+// SetBucket sets the gate bucket requests pass; it may change while
+// requests run (a config reload).
+func (t *Transport) SetBucket(b *shaper.Bucket) { t.bucket.Store(b) }
+
+// Bucket returns the bucket requests pass.
+func (t *Transport) Bucket() *shaper.Bucket { return t.bucket.Load() }
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	permit, wait, err := t.Bucket.AcquireWithin(ctx, t.MaxWait)
+	bucket := t.Bucket()
+	asked := time.Now()
+	permit, wait, err := bucket.AcquireWithin(ctx, t.MaxWait)
 	if err != nil {
 		return nil, err
 	}
 	if permit == nil {
 		return nil, &WaitError{Vendor: t.Vendor, Wait: wait}
+	}
+	if t.Observer != nil {
+		t.Observer.Released(t.Vendor, time.Since(asked))
 	}
 	var cancel context.CancelFunc = func() {}
 	if t.Timeout > 0 {
@@ -281,7 +313,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
 	}}
-	pause = t.adapt(context.WithoutCancel(ctx), resp)
+	pause = t.adapt(context.WithoutCancel(ctx), bucket, resp)
 	return resp, nil
 }
 
@@ -290,13 +322,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // rate; "0 remaining" pauses until the reset; a 429 (or 503 with
 // Retry-After) pauses until Retry-After, and without an announced limit
 // also lowers the rate multiplicatively. It returns the pause in force.
-func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duration {
+func (t *Transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http.Response) time.Duration {
 	now := time.Now()
 	h := ParseHints(resp.Header, now)
 	if v := resp.Header.Get("Retry-After"); v != "" && !h.HasRetryAfter {
 		t.Logger.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", t.Vendor, "retry_after", v)
 	}
-	primary := t.Bucket.Policy().Limits[0]
+	primary := bucket.Policy().Limits[0]
 	if h.Limit > 0 {
 		window := h.Window
 		if window <= 0 {
@@ -305,7 +337,7 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 		rate := float64(h.Limit) * float64(primary.Window) / float64(window)
 		if bits := math.Float64bits(rate); t.announced.Swap(bits) != bits {
 			reason := fmt.Sprintf("vendor announces %d per %s (%s headers)", h.Limit, shaper.FormatDuration(window), h.Style)
-			if err := t.Bucket.Announce(ctx, rate, reason); err != nil {
+			if err := bucket.Announce(ctx, rate, reason); err != nil {
 				t.Logger.Error("vendorclients: could not apply an announced limit", "vendor", t.Vendor, "err", err)
 			} else if rate < float64(primary.Rate) {
 				t.Logger.Info("vendorclients: effective rate lowered to the vendor's announced limit", "vendor", t.Vendor, "rate", rate, "per", primary.Window, "reason", reason)
@@ -314,7 +346,10 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 	}
 	limited := isRateLimited(resp)
 	if limited {
-		if err := t.Bucket.NoteThrottled(ctx); err != nil {
+		if t.Observer != nil {
+			t.Observer.Throttled(t.Vendor)
+		}
+		if err := bucket.NoteThrottled(ctx); err != nil {
 			t.Logger.Error("vendorclients: could not count a 429", "vendor", t.Vendor, "err", err)
 		}
 	}
@@ -344,7 +379,7 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 	}
 	var pause time.Duration
 	if d > 0 {
-		left, err := t.Bucket.Pause(ctx, d, reason)
+		left, err := bucket.Pause(ctx, d, reason)
 		if err != nil {
 			t.Logger.Error("vendorclients: could not pause the vendor", "vendor", t.Vendor, "err", err)
 		}
@@ -352,7 +387,7 @@ func (t *Transport) adapt(ctx context.Context, resp *http.Response) time.Duratio
 		t.Logger.Info("vendorclients: vendor paused for every replica", "vendor", t.Vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
 	}
 	if limited && h.Limit == 0 {
-		rate, err := t.Bucket.Throttled(ctx, fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode))
+		rate, err := bucket.Throttled(ctx, fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode))
 		if err != nil {
 			t.Logger.Error("vendorclients: could not lower the rate", "vendor", t.Vendor, "err", err)
 		} else {

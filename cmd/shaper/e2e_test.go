@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -281,5 +283,146 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	out, err = runShaper(t, "", "stats", "--config", cfg)
 	if err != nil || !strings.Contains(out, "RELEASED 1m/TOTAL") || !strings.Contains(out, "20/20") {
 		t.Errorf("stats table: %v\n%s", err, out)
+	}
+}
+
+// TestLiveRateEdit lowers a vendor's rate in the config file of a running
+// worker: the vendor must see the new rate within a second, with no burst
+// across the edit; an invalid edit is logged and changes nothing.
+func TestLiveRateEdit(t *testing.T) {
+	addr := redistest.Addr(t)
+	vend := &vendorsim.Vendor{Rate: 1000, Window: time.Second}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	vendor := "live-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, addr, vendor, srv.URL, 100)
+	_, wout := startWorker(t, cfg)
+	if out, err := runShaper(t, jobLines(vendor, 1200), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	waitUntil(t, 30*time.Second, "the backlog to flow", func() bool { return vend.Summarize().Requests >= 200 })
+	// Save the edit the way editors do: write a temporary file, rename it over.
+	data, _ := os.ReadFile(cfg)
+	lowered := strings.Replace(string(data), "rate = 100", "rate = 50", 1)
+	tmp := cfg + ".tmp"
+	os.WriteFile(tmp, []byte(lowered), 0o600)
+	edited := time.Now()
+	os.Rename(tmp, cfg)
+	time.Sleep(4 * time.Second)
+	// An invalid edit: rejected, logged, the rate stays at 50.
+	os.WriteFile(cfg, []byte(strings.Replace(lowered, "rate = 50", "rate = -5", 1)), 0o600)
+	time.Sleep(3 * time.Second)
+	var ts []time.Time
+	for _, r := range vend.Requests() {
+		ts = append(ts, r.At)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	// When did the vendor see it: the first of a run of 10 gaps at the new spacing.
+	newIv := 1020 * time.Millisecond / 50
+	var shown time.Time
+	for i := 1; i+10 < len(ts); i++ {
+		if ts[i].Before(edited) {
+			continue
+		}
+		slow := true
+		for j := i; j < i+10; j++ {
+			if ts[j+1].Sub(ts[j]) < newIv*8/10 {
+				slow = false
+				break
+			}
+		}
+		if slow {
+			shown = ts[i]
+			break
+		}
+	}
+	if shown.IsZero() {
+		t.Fatalf("the vendor never saw the lowered rate\nworker:\n%s", wout.String())
+	}
+	lag := shown.Sub(edited)
+	maxAcross := maxIn(ts, edited.Add(-2*time.Second), edited.Add(3*time.Second), time.Second)
+	maxAfter := maxIn(ts, shown.Add(time.Second), time.Now(), time.Second)
+	t.Logf("rate edit 100 -> 50 per second: seen at the vendor %s after the save; most calls in any second across the edit %d, after it %d",
+		lag.Round(time.Millisecond), maxAcross, maxAfter)
+	// Workers apply an edit within the debounce (0.25 s); the vendor sees it
+	// once the ticks reserved before it (at most the 1 s horizon) are out.
+	if lag > 2*time.Second {
+		t.Errorf("the edit took %s to show at the vendor", lag)
+	}
+	if maxAcross > 100 || maxAfter > 50 {
+		t.Errorf("burst across the edit: %d per second across it, %d after it", maxAcross, maxAfter)
+	}
+	if !strings.Contains(wout.String(), "config reload rejected") || !strings.Contains(wout.String(), "vendors."+vendor+".rate") {
+		t.Errorf("the invalid edit was not reported:\n%s", wout.String())
+	}
+}
+
+// maxIn is the most events in any sliding window w within [from, to).
+func maxIn(ts []time.Time, from, to time.Time, w time.Duration) int {
+	var in []time.Time
+	for _, x := range ts {
+		if !x.Before(from) && x.Before(to) {
+			in = append(in, x)
+		}
+	}
+	best, j := 0, 0
+	for i := range in {
+		for in[i].Sub(in[j]) >= w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+func TestMetricsAndHealthz(t *testing.T) {
+	srvRedis := redistest.Start(t) // its own Redis: the test kills it
+	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	cfg := writeConfig(t, srvRedis.Addr, "metered", srv.URL, 100)
+	cmd := exec.Command(shaperBin(t), "worker", "--config", cfg, "--metrics-addr", "127.0.0.1:0")
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var base string
+	waitUntil(t, 20*time.Second, "the metrics address in the log", func() bool {
+		for _, f := range strings.Fields(out.String()) {
+			if strings.HasPrefix(f, "healthz=http://") {
+				base = strings.TrimSuffix(strings.TrimPrefix(f, "healthz="), "/healthz")
+				return true
+			}
+		}
+		return false
+	})
+	if o, err := runShaper(t, jobLines("m", 10), "enqueue", "--config", cfg, "--vendor", "metered", "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, o)
+	}
+	waitUntil(t, 20*time.Second, "10 calls", func() bool { return vend.Summarize().DistinctKeys == 10 })
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/metrics")
+	for _, want := range []string{`shaper_calls_released_total{vendor="metered"} 10`, `shaper_queue_depth{state="pending",vendor="metered"} 0`,
+		`shaper_effective_rate{vendor="metered"} 98.03`, `shaper_paused{vendor="metered"} 0`, `shaper_tick_wait_seconds_count{vendor="metered"} 10`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics (%d) lacks %s", code, want)
+		}
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d %s with Redis up", code, body)
+	}
+	srvRedis.Kill()
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "redis unreachable") {
+		t.Errorf("/healthz = %d %q with Redis down, want 503", code, body)
 	}
 }

@@ -2,25 +2,35 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/metrics"
 	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 func newWorkerCmd() *cobra.Command {
-	return &cobra.Command{
+	var metricsAddr string
+	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run the background worker until SIGINT or SIGTERM",
 		Long: `Run the worker: one queue per vendor, calls released on each vendor's tick
 shared by every worker on the same Redis. Run as many as you like, on one
-machine or many. On SIGINT/SIGTERM calls in flight finish (within
-worker.shutdown_timeout) and the rest go back to the queue.`,
+machine or many. Edits to the config file (and SIGHUP) reload it: rates
+apply within a second, added vendors start, removed ones stop; an invalid
+edit is logged and the last good config stays. On SIGINT/SIGTERM calls in
+flight finish (within worker.shutdown_timeout) and the rest go back to the
+queue.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(cmd)
@@ -39,14 +49,54 @@ worker.shutdown_timeout) and the rest go back to the queue.`,
 			if err != nil {
 				return err
 			}
-			w, err := queue.NewWorker(rdb, wc)
+			var w *queue.Worker
+			if metricsAddr != "" {
+				qc := queue.NewClient(rdb, clientConfig(cfg))
+				defer qc.Close()
+				m := metrics.New(func() map[string]*shaper.Bucket { return w.Buckets() }, qc)
+				wc.Observer = m
+				ln, err := net.Listen("tcp", metricsAddr)
+				if err != nil {
+					return fmt.Errorf("--metrics-addr %s: %w", metricsAddr, err)
+				}
+				srv := &http.Server{Handler: m.Handler(rdb), ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = srv.Serve(ln) }()
+				defer srv.Close()
+				log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics", "healthz", "http://"+ln.Addr().String()+"/healthz")
+			}
+			w, err = queue.NewWorker(rdb, wc)
 			if err != nil {
 				return err
 			}
 			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
+			go func() {
+				err := config.Watch(ctx, cfg.Path, log, func(next *config.Config) {
+					if next.Redis != cfg.Redis {
+						log.Warn("redis settings changed in the config; they apply when the worker restarts")
+					}
+					nwc, err := workerConfig(next, log)
+					if err != nil {
+						log.Error("config reload rejected; the last good config stays in force", "err", err)
+						return
+					}
+					notes, err := w.Apply(nwc.Vendors)
+					if err != nil {
+						log.Error("config reload rejected; the last good config stays in force", "err", err)
+						return
+					}
+					for _, n := range notes {
+						log.Info("config change applied", "change", n)
+					}
+				})
+				if err != nil {
+					log.Error("cannot watch the config file; edits need a restart (SIGHUP still reloads)", "err", err)
+				}
+			}()
 			return w.Run(ctx)
 		},
 	}
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address (off by default; :0 picks a free port)")
+	return cmd
 }
 
 func loadConfig(cmd *cobra.Command) (*config.Config, error) {

@@ -1,0 +1,116 @@
+// Package metrics serves a worker's Prometheus metrics and health check:
+// calls released and throttled, wait for a tick, queue depth, effective
+// rate and pauses, per vendor.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// Metrics records call events (it is a vendorclients.Observer) and reads
+// the rest from Redis when scraped.
+type Metrics struct {
+	released  *prometheus.CounterVec
+	throttled *prometheus.CounterVec
+	wait      *prometheus.HistogramVec
+	reg       *prometheus.Registry
+}
+
+// New returns metrics for a worker; buckets and client give the
+// scrape-time gauges.
+func New(buckets func() map[string]*shaper.Bucket, client *queue.Client) *Metrics {
+	m := &Metrics{
+		released: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_calls_released_total", Help: "Calls released to the vendor by this worker.",
+		}, []string{"vendor"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_calls_throttled_total", Help: "Answers 429 (or 503 with Retry-After) seen by this worker.",
+		}, []string{"vendor"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "shaper_tick_wait_seconds", Help: "Time a call waited for its release tick.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"vendor"}),
+		reg: prometheus.NewRegistry(),
+	}
+	m.reg.MustRegister(m.released, m.throttled, m.wait, &collector{buckets: buckets, client: client})
+	return m
+}
+
+// Released implements vendorclients.Observer.
+func (m *Metrics) Released(vendor string, wait time.Duration) {
+	m.released.WithLabelValues(vendor).Inc()
+	m.wait.WithLabelValues(vendor).Observe(wait.Seconds())
+}
+
+// Throttled implements vendorclients.Observer.
+func (m *Metrics) Throttled(vendor string) { m.throttled.WithLabelValues(vendor).Inc() }
+
+// Handler serves /metrics, and /healthz which fails when Redis is
+// unreachable.
+func (m *Metrics) Handler(rdb redis.UniversalClient) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			http.Error(w, "redis unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+var (
+	queueDepth    = prometheus.NewDesc("shaper_queue_depth", "Calls in the vendor's queue, by state.", []string{"vendor", "state"}, nil)
+	effectiveRate = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate releases now (below the configured rate after adaptation).", []string{"vendor"}, nil)
+	configRate    = prometheus.NewDesc("shaper_configured_rate", "Calls per second the config allows, after burst and guard.", []string{"vendor"}, nil)
+	paused        = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
+	pauseLeft     = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)
+	oldest        = prometheus.NewDesc("shaper_oldest_queued_seconds", "Age of the oldest call waiting in the vendor's queue.", []string{"vendor"}, nil)
+)
+
+type collector struct {
+	buckets func() map[string]*shaper.Bucket
+	client  *queue.Client
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for name, b := range c.buckets() {
+		if st, err := b.Stats(ctx); err == nil {
+			perSecond := float64(time.Second) / float64(st.Window)
+			ch <- prometheus.MustNewConstMetric(effectiveRate, prometheus.GaugeValue, st.EffectiveRate*perSecond, name)
+			ch <- prometheus.MustNewConstMetric(configRate, prometheus.GaugeValue, st.ConfiguredRate*perSecond, name)
+			p := 0.0
+			if st.PausedFor > 0 {
+				p = 1
+			}
+			ch <- prometheus.MustNewConstMetric(paused, prometheus.GaugeValue, p, name)
+			ch <- prometheus.MustNewConstMetric(pauseLeft, prometheus.GaugeValue, st.PausedFor.Seconds(), name)
+		}
+		if qs, err := c.client.QueueStats(ctx, name); err == nil {
+			for state, n := range map[string]int64{"pending": qs.Pending, "active": qs.Active, "scheduled": qs.Scheduled, "retry": qs.Retry} {
+				ch <- prometheus.MustNewConstMetric(queueDepth, prometheus.GaugeValue, float64(n), name, state)
+			}
+			ch <- prometheus.MustNewConstMetric(oldest, prometheus.GaugeValue, qs.Oldest.Seconds(), name)
+		}
+	}
+}
