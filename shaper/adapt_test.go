@@ -175,3 +175,38 @@ func TestLastMinuteEstimate(t *testing.T) {
 		t.Errorf("stale slot counted: %d", got)
 	}
 }
+
+// TestReplicasDisagree has two replicas with different configs (a rolling
+// edit): the gate must space ticks by the more conservative one, and say
+// that they disagree.
+func TestReplicasDisagree(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{100, time.Second}}, Horizon: 50 * time.Millisecond})
+	slow, _ := g.Bucket("acme", Policy{Limits: []Limit{{25, time.Second}}, Horizon: 50 * time.Millisecond})
+	ctx := context.Background()
+	if err := fast.Heartbeat(ctx, "new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Heartbeat(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	reps, err := fast.Replicas(ctx)
+	if err != nil || len(reps) != 2 {
+		t.Fatalf("replicas %+v, %v", reps, err)
+	}
+	var ticks []time.Time
+	for len(ticks) < 3 {
+		r, err := fast.Reserve(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.OK {
+			ticks = append(ticks, time.Now().Add(r.Wait))
+		}
+	}
+	slowIv, _ := slow.Tick()
+	if gap := ticks[2].Sub(ticks[1]); gap < slowIv-2*time.Millisecond {
+		t.Errorf("ticks %v apart while a live replica is configured for %v", gap, slowIv)
+	}
+}

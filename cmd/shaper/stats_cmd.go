@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -36,6 +37,9 @@ type VendorStats struct {
 	PauseReason         string  `json:"pause_reason"`
 	NextTickSeconds     float64 `json:"next_tick_seconds"`
 	OldestQueuedSeconds float64 `json:"oldest_queued_seconds"`
+	// ReplicaRates are the configured rates of live workers when they
+	// disagree (a rolling config edit); the gate uses the lowest.
+	ReplicaRates []float64 `json:"replica_rates,omitempty"`
 }
 
 // StatsReport is the whole of `shaper stats --json`.
@@ -119,6 +123,18 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 		if st.PausedFor > 0 {
 			vs.PausedUntil = rep.At.Add(st.PausedFor).Format(time.RFC3339)
 		}
+		if reps, err := b.Replicas(ctx); err == nil {
+			seen := map[float64]bool{}
+			for _, r := range reps {
+				seen[round2(shaper.EffectiveRate(r.Interval, r.Burst, v.Window))] = true
+			}
+			if len(seen) > 1 {
+				for r := range seen {
+					vs.ReplicaRates = append(vs.ReplicaRates, r)
+				}
+				sort.Float64s(vs.ReplicaRates)
+			}
+		}
 		rep.Vendors = append(rep.Vendors, vs)
 	}
 	return rep, nil
@@ -133,6 +149,9 @@ func printStats(w io.Writer, rep StatsReport) {
 		rate := fmt.Sprintf("%.4g/%.4g per %s", v.EffectiveRate, v.ConfiguredRate, v.Window)
 		if v.RateSource != "" {
 			rate += fmt.Sprintf(" (%s: %s)", v.RateSource, v.RateReason)
+		}
+		if len(v.ReplicaRates) > 0 {
+			rate += fmt.Sprintf(" [replicas disagree: %v; the lowest applies]", v.ReplicaRates)
 		}
 		paused := "-"
 		if v.PausedForSeconds > 0 {
