@@ -469,17 +469,27 @@ func (w *Worker) handleCall(rt *vendorRuntime) asynq.HandlerFunc {
 func (w *Worker) handleUser(rt *vendorRuntime, h HandlerFunc) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) error {
 		err := h(ctx, t, rt.client)
-		var we *vendorclients.WaitError
-		var rl *vendorclients.RateLimitedError
-		switch {
-		case errors.As(err, &we):
-			w.hold(ctx, rt, we.Wait)
-			return &deferError{Wait: we.Wait}
-		case errors.As(err, &rl):
-			return &deferError{Wait: max(rl.RetryAfter, time.Second)}
+		if d := w.asDeferral(ctx, rt, err); d != nil {
+			return d
 		}
 		return err
 	}
+}
+
+// asDeferral turns a long wait or a rate-limited answer into a deferral:
+// back to the queue without using a retry. Long waits also hold the
+// vendor's asynq queue. It returns nil for other errors.
+func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, err error) *deferError {
+	var we *vendorclients.WaitError
+	var rl *vendorclients.RateLimitedError
+	switch {
+	case errors.As(err, &we):
+		w.hold(ctx, rt, we.Wait)
+		return &deferError{Wait: we.Wait}
+	case errors.As(err, &rl):
+		return &deferError{Wait: max(rl.RetryAfter, time.Second)}
+	}
+	return nil
 }
 
 func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, id string, call Call) error {
@@ -500,20 +510,16 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, i
 		}
 		req.Header.Set("Idempotency-Key", id)
 		resp, err := rt.client.Do(req)
-		var we *vendorclients.WaitError
 		var rl *vendorclients.RateLimitedError
-		switch {
-		case errors.As(err, &we):
-			w.hold(ctx, rt, we.Wait)
-			return &deferError{Wait: we.Wait}
-		case errors.As(err, &rl):
+		if errors.As(err, &rl) && attempt < 10 {
 			// The vendor is paused for every replica: wait for the next
 			// tick after the pause, in this goroutine while it is short.
-			if attempt < 10 {
-				continue
-			}
-			return &deferError{Wait: max(rl.RetryAfter, time.Second)}
-		case err != nil:
+			continue
+		}
+		if d := w.asDeferral(ctx, rt, err); d != nil {
+			return d
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
