@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test bench lint fuzz
+.PHONY: test bench lint fuzz faults
 
 # -p 1: the timing tests of different packages must not compete for the
 # machine's two cores. -parallel 8: the learning scenarios (light traffic,
@@ -21,7 +21,12 @@ lint:
 	$(STATICCHECK) ./...
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./config
+	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config
 	$(GO) test -run '^$$' -fuzz FuzzParseJobs -fuzztime 30s ./queue
 	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 30s ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 30s ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 30s ./vendorclients
+
+# The fault tests alone (they also run in make test).
+faults:
+	$(GO) test -count=1 -v -run 'TestFault|TestThreeWorkersAndAKill|TestGateRedisRestart' ./cmd/shaper ./shaper

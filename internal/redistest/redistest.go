@@ -95,18 +95,28 @@ func Prefix(tb testing.TB) string {
 type Server struct {
 	Addr string
 	port int
+	args []string // extra redis-server arguments
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
 
 // Start starts a redis-server on a free port for this test only; it is
 // stopped when the test ends. It needs redis-server on PATH.
-func Start(tb testing.TB) *Server {
+func Start(tb testing.TB) *Server { return start(tb) }
+
+// StartDurable is Start with an append-only file in a directory of the
+// test's, fsynced every write: a restart after Kill keeps every
+// acknowledged write.
+func StartDurable(tb testing.TB) *Server {
+	return start(tb, "--appendonly", "yes", "--appendfsync", "always", "--dir", tb.TempDir())
+}
+
+func start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("redistest: this test kills and restarts its own Redis and needs redis-server on PATH (apt-get install redis-server): %v", err)
 	}
-	s, err := startServer()
+	s, err := startServer(args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -114,14 +124,14 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
-func startServer() (*Server, error) {
+func startServer(args ...string) (*Server, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port}
+	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port, args: args}
 	return s, s.Restart()
 }
 
@@ -138,13 +148,14 @@ func (s *Server) Kill() {
 
 func (s *Server) stop() { s.Kill() }
 
-// Restart starts the server again on the same port, empty, and waits until
-// it answers.
+// Restart starts the server again on the same port — empty, or with its
+// append-only file for StartDurable — and waits until it answers.
 func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"}
+	cmd := exec.Command("redis-server", append(args, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start redis-server: %w", err)
 	}

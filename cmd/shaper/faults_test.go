@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+)
+
+// Fault tests: each runs real worker processes through a fault and reports
+// calls lost (must be 0), duplicate successful calls (and that they carried
+// the same Idempotency-Key), and the most calls in a vendor window.
+// `make faults` runs them alone; `make test` runs them too.
+
+func reportFault(t *testing.T, vend *vendorsim.Vendor, n int) {
+	t.Helper()
+	s := vend.Summarize()
+	lost := n - s.DistinctKeys
+	t.Logf("fault report: %d calls, %d lost, %d duplicate successes (same Idempotency-Key), %d 429s, most %d in a vendor window (limit %d)",
+		n, lost, s.DuplicateKeys, s.Throttled, s.MaxPerWindow, vend.Rate)
+	if lost != 0 {
+		t.Errorf("%d calls lost", lost)
+	}
+	if s.MaxSliding > vend.Rate {
+		t.Errorf("%d calls in a sliding window, limit %d", s.MaxSliding, vend.Rate)
+	}
+}
+
+// TestFaultVendor5xxBurstsAndHangs: the vendor answers 503 (no
+// Retry-After) to every call for 2 s, and hangs past the timeout on some
+// calls: everything is retried and completes.
+func TestFaultVendor5xxBurstsAndHangs(t *testing.T) {
+	addr := redistest.Addr(t)
+	start := time.Now()
+	var hung atomic.Int64
+	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend.Status = func(r *http.Request) int {
+		if el := time.Since(start); el > 3*time.Second && el < 5*time.Second {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	}
+	hang := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.Header.Get("Idempotency-Key"), "7") && hung.Add(1) <= 5 {
+			time.Sleep(3 * time.Second) // past the 1 s timeout
+		}
+		vend.ServeHTTP(w, r)
+	})
+	srv := httptest.NewServer(hang)
+	defer srv.Close()
+	vendor := "flaky-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, addr, vendor, srv.URL, 50)
+	addToConfig(t, cfg, vendor, "timeout = \"1s\"\n")
+	const n = 300
+	startWorker(t, cfg)
+	startWorker(t, cfg)
+	if out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	waitUntil(t, 3*time.Minute, "every call to succeed through 503s and hangs", func() bool { return vend.Summarize().DistinctKeys == n })
+	reportFault(t, vend, n)
+}
+
+// TestFaultRedisRestartWithAOF kills Redis (with appendonly) in the middle
+// of a run and starts it again: the queue survives and every call
+// completes.
+func TestFaultRedisRestartWithAOF(t *testing.T) {
+	rs := redistest.StartDurable(t)
+	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	cfg := writeConfig(t, rs.Addr, "aof", srv.URL, 50)
+	const n = 400
+	if out, err := runShaper(t, jobLines("aof", n), "enqueue", "--config", cfg, "--vendor", "aof", "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	startWorker(t, cfg)
+	startWorker(t, cfg)
+	waitUntil(t, time.Minute, "a third of the calls", func() bool { return vend.Summarize().DistinctKeys >= n/3 })
+	rs.Kill()
+	time.Sleep(time.Second)
+	if err := rs.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 4*time.Minute, "every call to succeed after the restart", func() bool { return vend.Summarize().DistinctKeys == n })
+	reportFault(t, vend, n)
+}
+
+// TestFault10000MalformedLines: a job file of 10,000 bad lines is refused
+// whole, fast, with a bounded report.
+func TestFault10000MalformedLines(t *testing.T) {
+	addr := redistest.Addr(t)
+	vendor := "malformed-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, addr, vendor, "http://127.0.0.1:1", 10)
+	var b strings.Builder
+	for i := range 10000 {
+		switch i % 3 {
+		case 0:
+			fmt.Fprintf(&b, "{\"path\":\"/../x%d\"}\n", i)
+		case 1:
+			fmt.Fprintf(&b, "not json %d\n", i)
+		default:
+			fmt.Fprintf(&b, "{\"path\":\"/ok\",\"method\":\"bad method\"}\n")
+		}
+	}
+	begin := time.Now()
+	out, err := runShaper(t, b.String(), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
+	took := time.Since(begin)
+	if err == nil || !strings.Contains(out, "10000 bad line(s)") || !strings.Contains(out, "... and 9950 more") || !strings.Contains(out, "nothing was enqueued") {
+		t.Fatalf("10,000 bad lines: %v\n%.2000s", err, out)
+	}
+	if lines := strings.Count(out, "\n"); lines > 60 {
+		t.Errorf("the report is %d lines long", lines)
+	}
+	t.Logf("fault report: 10,000 malformed lines refused in %s, 0 enqueued", took.Round(time.Millisecond))
+	if o, _ := runShaper(t, "", "stats", "--config", cfg, "--json"); !strings.Contains(o, `"queued": 0`) {
+		t.Errorf("something was enqueued:\n%s", o)
+	}
+}
+
+func addToConfig(t *testing.T, cfg, table, lines string) {
+	t.Helper()
+	data, err := readFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := "[vendors." + table + "]\n"
+	if table == "worker" {
+		header = "[worker]\n"
+	}
+	if lines == "" {
+		return
+	}
+	if !strings.Contains(data, header) {
+		t.Fatalf("no %s in the config", header)
+	}
+	writeFile(t, cfg, strings.Replace(data, header, header+lines, 1))
+}
+
+func readFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	return string(b), err
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
