@@ -47,13 +47,13 @@ func TestFaultVendor5xxBurstsAndHangs(t *testing.T) {
 		}
 		return http.StatusOK
 	}
-	hang := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	vend.Hang = func(r *http.Request) time.Duration {
 		if strings.HasSuffix(r.Header.Get("Idempotency-Key"), "7") && hung.Add(1) <= 5 {
-			time.Sleep(3 * time.Second) // past the 1 s timeout
+			return 3 * time.Second // past the 1 s timeout
 		}
-		vend.ServeHTTP(w, r)
-	})
-	srv := httptest.NewServer(hang)
+		return 0
+	}
+	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "flaky-" + redistest.Prefix(t)[5:]
 	cfg := writeConfig(t, addr, vendor, srv.URL, 50)

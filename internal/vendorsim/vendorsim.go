@@ -39,6 +39,9 @@ type Vendor struct {
 	Status func(r *http.Request) int
 	// Delay, when set, is slept before answering an admitted request.
 	Delay time.Duration
+	// Hang, when set, says how long to sleep before answering a request
+	// (after it was counted, as a vendor that hangs would).
+	Hang func(r *http.Request) time.Duration
 
 	mu       sync.Mutex
 	window   int64
@@ -64,6 +67,11 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	v.requests = append(v.requests, Request{At: now, Method: r.Method, Path: r.URL.RequestURI(), Key: r.Header.Get("Idempotency-Key"), Status: status})
 	remaining := max(v.Rate-v.count, 0)
 	v.mu.Unlock()
+	if v.Hang != nil {
+		if d := v.Hang(r); d > 0 {
+			time.Sleep(d)
+		}
+	}
 	end := time.Unix(0, (k+1)*int64(v.Window)+int64(v.Phase))
 	reset := int(math.Ceil(time.Until(end).Seconds()))
 	switch v.Headers {
