@@ -11,9 +11,12 @@ STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin
 test:
 	$(GO) test -race -count=1 -p 1 -parallel 8 ./...
 
+# The gate's own speed, then the side-by-side benchmark against the
+# alternatives (writes docs/bench.md and docs/bench.svg; about 8 minutes).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
 	benchstat bench.txt
+	$(GO) run ./bench -out docs
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/ratelimit"
+	"golang.org/x/time/rate"
+
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// runEnv is one run's world.
+type runEnv struct {
+	addr      string
+	vendorURL string
+	rate      int
+	replicas  int
+	calls     int
+	name      string // unique per run: queue and key names
+	killAt    time.Duration
+	kill      func()
+	clients   []*redis.Client
+}
+
+func (e *runEnv) client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 200})
+	e.clients = append(e.clients, c)
+	return c
+}
+
+func (e *runEnv) close() {
+	for _, c := range e.clients {
+		c.Close()
+	}
+}
+
+type approach struct {
+	key, name     string
+	needsReplicas int // runs only with at least this many replicas
+	start         func(ctx context.Context, e *runEnv) (stop func(), err error)
+}
+
+var approaches = []approach{
+	{key: "shaper", name: "shaper", start: startShaper},
+	{key: "tb", name: "token bucket per worker, burst=rate", start: func(ctx context.Context, e *runEnv) (func(), error) {
+		return startAsynq(ctx, e, func() admit {
+			lim := rate.NewLimiter(rate.Limit(e.rate), e.rate)
+			return func(ctx context.Context) (bool, time.Duration) {
+				if lim.Allow() {
+					return true, 0
+				}
+				r := lim.Reserve()
+				d := r.Delay()
+				r.Cancel()
+				return false, d
+			}
+		})
+	}},
+	{key: "gcra", name: "shared GCRA (redis_rate), burst=rate", start: func(ctx context.Context, e *runEnv) (func(), error) {
+		return startGCRA(ctx, e, e.rate)
+	}},
+	{key: "gcra1", name: "shared GCRA (redis_rate), burst=1", start: func(ctx context.Context, e *runEnv) (func(), error) {
+		return startGCRA(ctx, e, 1)
+	}},
+	{key: "pacer", name: "pacer per worker, rate/replicas", start: func(ctx context.Context, e *runEnv) (func(), error) {
+		return startAsynq(ctx, e, pacer(e))
+	}},
+	{key: "pacerdie", name: "pacer per worker, one replica dies", needsReplicas: 2, start: func(ctx context.Context, e *runEnv) (func(), error) {
+		e.killAt = time.Duration(e.calls/e.rate) * time.Second / 2
+		return startAsynq(ctx, e, pacer(e))
+	}},
+}
+
+func pacer(e *runEnv) func() admit {
+	return func() admit {
+		p := ratelimit.New(e.rate, ratelimit.Per(time.Duration(e.replicas)*time.Second), ratelimit.WithoutSlack)
+		return func(ctx context.Context) (bool, time.Duration) { p.Take(); return true, 0 }
+	}
+}
+
+func startGCRA(ctx context.Context, e *runEnv, burst int) (func(), error) {
+	lim := redis_rate.NewLimiter(e.client())
+	key := e.name
+	return startAsynq(ctx, e, func() admit {
+		return func(ctx context.Context) (bool, time.Duration) {
+			res, err := lim.Allow(ctx, key, redis_rate.Limit{Rate: e.rate, Burst: burst, Period: time.Second})
+			if err != nil {
+				return false, time.Second
+			}
+			return res.Allowed > 0, res.RetryAfter
+		}
+	})
+}
+
+func startShaper(ctx context.Context, e *runEnv) (func(), error) {
+	qc := queue.NewClient(e.client(), queue.ClientConfig{Vendors: []queue.VendorQueue{{Name: e.name}}, KeyPrefix: e.name})
+	calls := make([]queue.Call, e.calls)
+	for i := range calls {
+		calls[i] = queue.Call{ID: e.name + "-" + strconv.Itoa(i), Method: "POST", Path: "/orders"}
+	}
+	if _, err := qc.EnqueueBatch(ctx, e.name, calls); err != nil {
+		return nil, err
+	}
+	qc.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range e.replicas {
+		w, err := queue.NewWorker(e.client(), queue.WorkerConfig{Logger: quiet, KeyPrefix: e.name, Vendors: []queue.VendorSpec{{
+			Name: e.name, BaseURL: e.vendorURL, Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: e.rate, Window: time.Second}}}}}})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		wg.Go(func() { _ = w.Run(ctx) })
+	}
+	return func() { cancel(); wg.Wait(); e.close() }, nil
+}
+
+// admit says whether a call may go now, or how long to defer it.
+type admit func(ctx context.Context) (bool, time.Duration)
+
+type deferred struct{ after time.Duration }
+
+func (d *deferred) Error() string { return "deferred " + d.after.String() }
+
+// startAsynq runs the usual recipe: replicas asynq servers whose handler
+// asks its limiter, defers refused tasks with asynq's retry (not counted as
+// a failure), and defers 429s by Retry-After.
+func startAsynq(ctx context.Context, e *runEnv, newAdmit func() admit) (func(), error) {
+	ac := asynq.NewClientFromRedisClient(e.client())
+	q := e.name
+	for i := range e.calls {
+		if _, err := ac.EnqueueContext(ctx, asynq.NewTask("call", nil), asynq.Queue(q), asynq.TaskID(q+"-"+strconv.Itoa(i)), asynq.MaxRetry(10000)); err != nil {
+			return nil, err
+		}
+	}
+	ac.Close()
+	var servers []*asynq.Server
+	for range e.replicas {
+		ok := newAdmit()
+		srv := asynq.NewServerFromRedisClient(e.client(), asynq.Config{
+			Concurrency: 20, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel, Logger: nopLogger{},
+			IsFailure:      func(err error) bool { var d *deferred; return !errors.As(err, &d) },
+			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration { var d *deferred; errors.As(err, &d); return max(d.after, time.Second) },
+		})
+		mux := asynq.NewServeMux()
+		mux.HandleFunc("call", func(ctx context.Context, t *asynq.Task) error {
+			if allowed, after := ok(ctx); !allowed {
+				return &deferred{after: after}
+			}
+			id, _ := asynq.GetTaskID(ctx)
+			req, _ := http.NewRequestWithContext(ctx, "POST", e.vendorURL+"/orders", nil)
+			req.Header.Set("Idempotency-Key", id)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+				return &deferred{after: time.Duration(ra) * time.Second}
+			}
+			return nil
+		})
+		if err := srv.Start(mux); err != nil {
+			return nil, err
+		}
+		servers = append(servers, srv)
+	}
+	if e.killAt > 0 {
+		victim := servers[0]
+		e.kill = func() { victim.Stop(); go victim.Shutdown() }
+	}
+	return func() {
+		var wg sync.WaitGroup
+		for _, s := range servers {
+			wg.Go(s.Shutdown)
+		}
+		wg.Wait()
+		e.close()
+	}, nil
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Debug(...any) {}
+func (nopLogger) Info(...any)  {}
+func (nopLogger) Warn(...any)  {}
+func (nopLogger) Error(...any) {}
+func (nopLogger) Fatal(...any) {}

@@ -1,0 +1,177 @@
+// Command bench runs the side-by-side benchmark: the same vendor (fixed
+// windows at a random phase, 429 + Retry-After on excess), the same jobs
+// and the same replica count for shaper and the approaches teams use
+// instead, and writes a markdown table and an SVG chart of calls per vendor
+// window over time.
+//
+//	go run ./bench -out docs            # REDIS_ADDR, default 127.0.0.1:6379
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+)
+
+// Result is one run.
+type Result struct {
+	Approach    string
+	Rate        int
+	Replicas    int
+	Calls       int
+	Done        int
+	Throttled   int
+	MaxWindow   int
+	Utilisation float64 // successful calls per second / the limit per second
+	P50, P99    time.Duration
+	Took        time.Duration // 0: not done within the cap
+	PerWindow   []int         // successful+refused calls per vendor window, for the chart
+}
+
+func main() {
+	out := flag.String("out", "docs", "directory for bench.md and bench.svg")
+	rates := flag.String("rates", "10,100,1000", "vendor limits per second")
+	replicas := flag.String("replicas", "1,4", "worker replicas")
+	seconds := flag.Int("seconds", 5, "calls per run = rate x seconds")
+	capS := flag.Int("cap", 12, "stop a run after this many seconds")
+	flag.Parse()
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: cannot reach Redis at %s (set REDIS_ADDR): %v\n", addr, err)
+		os.Exit(1)
+	}
+	rdb.Close()
+	var results []Result
+	for _, r := range ints(*rates) {
+		for _, n := range ints(*replicas) {
+			for _, a := range approaches {
+				if a.needsReplicas > n {
+					continue
+				}
+				res := run(addr, a, r, n, r**seconds, time.Duration(*capS)*time.Second)
+				fmt.Fprintf(os.Stderr, "%-34s rate %4d x%d: %5d/%d done, %5d 429s, max %4d/window, util %5.1f%%, p50 %s, p99 %s, took %s\n",
+					res.Approach, r, n, res.Done, res.Calls, res.Throttled, res.MaxWindow, 100*res.Utilisation,
+					res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond), tookString(res.Took))
+				results = append(results, res)
+			}
+		}
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	md := table(results)
+	fmt.Print(md)
+	must(os.WriteFile(filepath.Join(*out, "bench.md"), []byte(md), 0o644))
+	must(os.WriteFile(filepath.Join(*out, "bench.svg"), []byte(chart(results, 100, 4)), 0o644))
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var n int
+		fmt.Sscan(f, &n)
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func tookString(d time.Duration) string {
+	if d == 0 {
+		return "not done"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// run drives one approach against a fresh vendor.
+func run(addr string, a approach, rate, replicas, calls int, limit time.Duration) Result {
+	vend := &vendorsim.Vendor{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := &runEnv{addr: addr, vendorURL: srv.URL, rate: rate, replicas: replicas, calls: calls,
+		name: fmt.Sprintf("b%d-%s", time.Now().UnixNano(), a.key)}
+	start := time.Now()
+	stop, err := a.start(ctx, env)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, a.name, err)
+		return Result{Approach: a.name, Rate: rate, Replicas: replicas, Calls: calls}
+	}
+	var took time.Duration
+	for time.Since(start) < limit {
+		if env.killAt > 0 && time.Since(start) > env.killAt && env.kill != nil {
+			env.kill()
+			env.kill = nil
+		}
+		if vend.Summarize().DistinctKeys >= calls {
+			took = time.Since(start)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	return measure(a.name, vend, rate, replicas, calls, start, took)
+}
+
+func measure(name string, vend *vendorsim.Vendor, rate, replicas, calls int, start time.Time, took time.Duration) Result {
+	s := vend.Summarize()
+	res := Result{Approach: name, Rate: rate, Replicas: replicas, Calls: calls, Done: s.DistinctKeys,
+		Throttled: s.Throttled, MaxWindow: s.MaxPerWindow, Took: took}
+	var ok []time.Time
+	first := map[string]time.Time{}
+	for _, r := range vend.Requests() {
+		if r.Status < 300 {
+			ok = append(ok, r.At)
+			if _, seen := first[r.Key]; !seen {
+				first[r.Key] = r.At
+			}
+		}
+	}
+	if len(ok) > 1 {
+		sort.Slice(ok, func(i, j int) bool { return ok[i].Before(ok[j]) })
+		res.Utilisation = float64(len(ok)-1) / ok[len(ok)-1].Sub(ok[0]).Seconds() / float64(rate)
+	}
+	var waits []time.Duration
+	for _, t := range first {
+		waits = append(waits, t.Sub(start))
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	if len(waits) > 0 {
+		res.P50, res.P99 = waits[len(waits)/2], waits[len(waits)*99/100]
+	}
+	// Calls per vendor window over time, for the chart.
+	w0 := (start.UnixNano() - int64(vend.Phase)) / int64(vend.Window)
+	for _, r := range vend.Requests() {
+		k := int((r.At.UnixNano()-int64(vend.Phase))/int64(vend.Window) - w0)
+		for len(res.PerWindow) <= k {
+			res.PerWindow = append(res.PerWindow, 0)
+		}
+		res.PerWindow[k]++
+	}
+	return res
+}
