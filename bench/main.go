@@ -45,6 +45,8 @@ func main() {
 	replicas := flag.String("replicas", "1,4", "worker replicas")
 	seconds := flag.Int("seconds", 5, "calls per run = rate x seconds")
 	capS := flag.Int("cap", 12, "stop a run after this many seconds")
+	ceil := flag.Bool("ceilings", false, "measure the ceilings instead: tasks/s against plain asynq, and the highest rate shaped with 4 replicas")
+	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
 	flag.Parse()
 	addr := os.Getenv("REDIS_ADDR")
 	if addr == "" {
@@ -56,6 +58,13 @@ func main() {
 		os.Exit(1)
 	}
 	rdb.Close()
+	if *ceil {
+		md := ceilings(addr, 5000, ints(*ceilRates))
+		fmt.Print(md)
+		must(os.MkdirAll(*out, 0o755))
+		must(os.WriteFile(filepath.Join(*out, "ceilings.md"), []byte(md), 0o644))
+		return
+	}
 	var results []Result
 	for _, r := range ints(*rates) {
 		for _, n := range ints(*replicas) {

@@ -56,12 +56,30 @@ type Gate struct {
 	clock  Clock
 
 	mu     sync.Mutex
-	paused map[string]time.Time // bucket -> local end of a known pause
+	paused map[string]time.Time      // bucket -> local end of a known pause
+	asking map[string]chan struct{} // bucket -> slots for reservations in flight
+}
+
+// maxAsking bounds the reservations one gate has in flight to Redis for
+// one bucket. Callers beyond it wait their turn in the process: a crowd of
+// callers would otherwise queue inside Redis, and a slow round trip uses
+// up the tolerance, so every grant would be given up.
+const maxAsking = 16
+
+func (g *Gate) askSlots(bucket string) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.asking[bucket]
+	if !ok {
+		c = make(chan struct{}, maxAsking)
+		g.asking[bucket] = c
+	}
+	return c
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb.
 func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
-	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, paused: map[string]time.Time{}}
+	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, paused: map[string]time.Time{}, asking: map[string]chan struct{}{}}
 	if g.prefix == "" {
 		g.prefix = DefaultKeyPrefix
 	}
@@ -403,13 +421,20 @@ func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
 // before trying again. maxWait <= 0 means no bound.
 func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
 	clock := b.gate.clock
+	slots := b.gate.askSlots(b.name)
 	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
 		sent := clock.Now()
 		r, err := b.Reserve(ctx)
+		recv := clock.Now()
+		<-slots
 		if err != nil {
 			return nil, 0, err
 		}
-		recv := clock.Now()
 		if !r.OK {
 			wait := r.Wait
 			if r.Reason == InFlightFull { // the others come back one tick apart already
