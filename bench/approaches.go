@@ -152,8 +152,12 @@ func startAsynq(ctx context.Context, e *runEnv, newAdmit func() admit) (func(), 
 		ok := newAdmit()
 		srv := asynq.NewServerFromRedisClient(e.client(), asynq.Config{
 			Concurrency: 20, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel, Logger: nopLogger{},
-			IsFailure:      func(err error) bool { var d *deferred; return !errors.As(err, &d) },
-			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration { var d *deferred; errors.As(err, &d); return max(d.after, time.Second) },
+			IsFailure: func(err error) bool { var d *deferred; return !errors.As(err, &d) },
+			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+				var d *deferred
+				errors.As(err, &d)
+				return max(d.after, time.Second)
+			},
 		})
 		mux := asynq.NewServeMux()
 		mux.HandleFunc("call", func(ctx context.Context, t *asynq.Task) error {

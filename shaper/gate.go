@@ -56,7 +56,7 @@ type Gate struct {
 	clock  Clock
 
 	mu     sync.Mutex
-	paused map[string]time.Time      // bucket -> local end of a known pause
+	paused map[string]time.Time     // bucket -> local end of a known pause
 	asking map[string]chan struct{} // bucket -> slots for reservations in flight
 }
 
