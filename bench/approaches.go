@@ -2,20 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/ratelimit"
-	"golang.org/x/time/rate"
 
+	"github.com/shaper-dev/shaper/internal/recipes"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 )
@@ -54,18 +51,7 @@ type approach struct {
 var approaches = []approach{
 	{key: "shaper", name: "shaper", start: startShaper},
 	{key: "tb", name: "token bucket per worker, burst=rate", start: func(ctx context.Context, e *runEnv) (func(), error) {
-		return startAsynq(ctx, e, func() admit {
-			lim := rate.NewLimiter(rate.Limit(e.rate), e.rate)
-			return func(ctx context.Context) (bool, time.Duration) {
-				if lim.Allow() {
-					return true, 0
-				}
-				r := lim.Reserve()
-				d := r.Delay()
-				r.Cancel()
-				return false, d
-			}
-		})
+		return startAsynq(ctx, e, recipes.TokenBucket(float64(e.rate), e.rate))
 	}},
 	{key: "gcra", name: "shared GCRA (redis_rate), burst=rate", start: func(ctx context.Context, e *runEnv) (func(), error) {
 		return startGCRA(ctx, e, e.rate)
@@ -129,59 +115,13 @@ func startShaper(ctx context.Context, e *runEnv) (func(), error) {
 }
 
 // admit says whether a call may go now, or how long to defer it.
-type admit func(ctx context.Context) (bool, time.Duration)
+type admit = recipes.Admit
 
-type deferred struct{ after time.Duration }
-
-func (d *deferred) Error() string { return "deferred " + d.after.String() }
-
-// startAsynq runs the usual recipe: replicas asynq servers whose handler
-// asks its limiter, defers refused tasks with asynq's retry (not counted as
-// a failure), and defers 429s by Retry-After.
+// startAsynq runs the usual recipe (package recipes) for the run.
 func startAsynq(ctx context.Context, e *runEnv, newAdmit func() admit) (func(), error) {
-	ac := asynq.NewClientFromRedisClient(e.client())
-	q := e.name
-	for i := range e.calls {
-		if _, err := ac.EnqueueContext(ctx, asynq.NewTask("call", nil), asynq.Queue(q), asynq.TaskID(q+"-"+strconv.Itoa(i)), asynq.MaxRetry(10000)); err != nil {
-			return nil, err
-		}
-	}
-	ac.Close()
-	var servers []*asynq.Server
-	for range e.replicas {
-		ok := newAdmit()
-		srv := asynq.NewServerFromRedisClient(e.client(), asynq.Config{
-			Concurrency: 20, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel, Logger: nopLogger{},
-			IsFailure: func(err error) bool { var d *deferred; return !errors.As(err, &d) },
-			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-				var d *deferred
-				errors.As(err, &d)
-				return max(d.after, time.Second)
-			},
-		})
-		mux := asynq.NewServeMux()
-		mux.HandleFunc("call", func(ctx context.Context, t *asynq.Task) error {
-			if allowed, after := ok(ctx); !allowed {
-				return &deferred{after: after}
-			}
-			id, _ := asynq.GetTaskID(ctx)
-			req, _ := http.NewRequestWithContext(ctx, "POST", e.vendorURL+"/orders", nil)
-			req.Header.Set("Idempotency-Key", id)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusTooManyRequests {
-				ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-				return &deferred{after: time.Duration(ra) * time.Second}
-			}
-			return nil
-		})
-		if err := srv.Start(mux); err != nil {
-			return nil, err
-		}
-		servers = append(servers, srv)
+	servers, err := recipes.Run(ctx, e.client, e.name, e.vendorURL, e.calls, e.replicas, newAdmit)
+	if err != nil {
+		return nil, err
 	}
 	if e.killAt > 0 {
 		victim := servers[0]
@@ -196,11 +136,3 @@ func startAsynq(ctx context.Context, e *runEnv, newAdmit func() admit) (func(), 
 		e.close()
 	}, nil
 }
-
-type nopLogger struct{}
-
-func (nopLogger) Debug(...any) {}
-func (nopLogger) Info(...any)  {}
-func (nopLogger) Warn(...any)  {}
-func (nopLogger) Error(...any) {}
-func (nopLogger) Fatal(...any) {}

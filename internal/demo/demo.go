@@ -7,12 +7,10 @@ package demo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"net/http/httptest"
 	"sort"
 	"strconv"
@@ -21,10 +19,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/time/rate"
 
+	"github.com/shaper-dev/shaper/internal/recipes"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
@@ -124,49 +121,10 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	}
 
 	// The alternative: a token bucket per worker, burst = rate.
-	ac := asynq.NewClientFromRedisClient(client())
-	defer ac.Close()
-	for i := range o.Calls {
-		if _, err := ac.EnqueueContext(ctx, asynq.NewTask("naive:call", nil), asynq.Queue("naive"), asynq.TaskID("naive-"+strconv.Itoa(i)), asynq.MaxRetry(1000)); err != nil {
-			return nil, err
-		}
-	}
 	perSecond := float64(o.Rate) / o.Window.Seconds()
-	var naiveServers []*asynq.Server
-	for range o.Workers {
-		lim := rate.NewLimiter(rate.Limit(perSecond), o.Rate)
-		srv := asynq.NewServerFromRedisClient(client(), asynq.Config{
-			Concurrency: 10, Queues: map[string]int{"naive": 1}, LogLevel: asynq.FatalLevel, Logger: nopLogger{},
-			IsFailure: func(err error) bool { var l *limited; return !errors.As(err, &l) },
-			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-				var l *limited
-				errors.As(err, &l)
-				return max(l.after, time.Second)
-			},
-		})
-		mux := asynq.NewServeMux()
-		mux.HandleFunc("naive:call", func(ctx context.Context, t *asynq.Task) error {
-			if !lim.Allow() {
-				return &limited{after: lim.Reserve().Delay()}
-			}
-			id, _ := asynq.GetTaskID(ctx)
-			req, _ := http.NewRequestWithContext(ctx, "POST", naiveSrv.URL+"/orders", nil)
-			req.Header.Set("Idempotency-Key", id)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusTooManyRequests {
-				ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-				return &limited{after: time.Duration(ra) * time.Second}
-			}
-			return nil
-		})
-		if err := srv.Start(mux); err != nil {
-			return nil, err
-		}
-		naiveServers = append(naiveServers, srv)
+	naiveServers, err := recipes.Run(ctx, client, "naive", naiveSrv.URL, o.Calls, o.Workers, recipes.TokenBucket(perSecond, o.Rate))
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		for _, s := range naiveServers {
@@ -220,10 +178,6 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	return verdicts, nil
 }
 
-type limited struct{ after time.Duration }
-
-func (l *limited) Error() string { return "rate limited; retry in " + l.after.String() }
-
 func verdict(name string, v *vendorsim.Vendor, o Options, took, elapsed time.Duration) Verdict {
 	s := v.Summarize()
 	var ok []time.Time
@@ -241,11 +195,3 @@ func verdict(name string, v *vendorsim.Vendor, o Options, took, elapsed time.Dur
 	return Verdict{Approach: name, Done: s.DistinctKeys, Calls: o.Calls, Throttled: s.Throttled,
 		MaxPerWindow: s.MaxPerWindow, Limit: o.Rate, Utilisation: util, Took: took}
 }
-
-type nopLogger struct{}
-
-func (nopLogger) Debug(...any) {}
-func (nopLogger) Info(...any)  {}
-func (nopLogger) Warn(...any)  {}
-func (nopLogger) Error(...any) {}
-func (nopLogger) Fatal(...any) {}
