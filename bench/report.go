@@ -23,7 +23,7 @@ func table(results []Result) string {
 // for the runs at the given rate and replica count, with the limit as a
 // dashed line.
 func chart(results []Result, rate, replicas int) string {
-	const w, h, left, bottom, top, right = 860, 420, 60, 50, 30, 250
+	const w, h, left, bottom, top, right = 960, 420, 60, 50, 30, 350
 	var runs []Result
 	maxY, maxX := rate, 1
 	for _, r := range results {
