@@ -158,22 +158,8 @@ func (c *Client) vendor(name string) (VendorQueue, error) {
 // Waiting returns how many tasks wait in or run from the vendor's queue:
 // pending, active, scheduled and retry.
 func (c *Client) Waiting(ctx context.Context, vendor string) (int64, error) {
-	q := QueueName(vendor)
-	pipe := c.rdb.Pipeline()
-	cmds := []interface{ Val() int64 }{
-		pipe.LLen(ctx, "asynq:{"+q+"}:pending"),
-		pipe.LLen(ctx, "asynq:{"+q+"}:active"),
-		pipe.ZCard(ctx, "asynq:{"+q+"}:scheduled"),
-		pipe.ZCard(ctx, "asynq:{"+q+"}:retry"),
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, fmt.Errorf("queue: count %s's queue: %w", vendor, err)
-	}
-	var n int64
-	for _, cmd := range cmds {
-		n += cmd.Val()
-	}
-	return n, nil
+	st, err := c.queueStats(ctx, vendor, false)
+	return st.Pending + st.Active + st.Scheduled + st.Retry, err
 }
 
 // Room checks that n more calls fit in the vendor's queue_limit.
@@ -291,21 +277,29 @@ type QueueStats struct {
 	Oldest    time.Duration // age of the oldest pending call (0: none)
 }
 
-// QueueStats reads a vendor's queue in one round trip.
+// QueueStats reads a vendor's queue: one round trip, and one more for the
+// age of the oldest pending call when there is one.
 func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, error) {
-	q := QueueName(vendor)
+	return c.queueStats(ctx, vendor, true)
+}
+
+func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool) (QueueStats, error) {
+	key := func(name string) string { return "asynq:{" + QueueName(vendor) + "}:" + name } // asynq's key scheme (internal/base)
 	pipe := c.rdb.Pipeline()
-	pending := pipe.LLen(ctx, "asynq:{"+q+"}:pending")
-	active := pipe.LLen(ctx, "asynq:{"+q+"}:active")
-	scheduled := pipe.ZCard(ctx, "asynq:{"+q+"}:scheduled")
-	retry := pipe.ZCard(ctx, "asynq:{"+q+"}:retry")
-	oldest := pipe.LIndex(ctx, "asynq:{"+q+"}:pending", -1)
+	pending := pipe.LLen(ctx, key("pending"))
+	active := pipe.LLen(ctx, key("active"))
+	scheduled := pipe.ZCard(ctx, key("scheduled"))
+	retry := pipe.ZCard(ctx, key("retry"))
+	var oldest *redis.StringCmd
+	if withOldest {
+		oldest = pipe.LIndex(ctx, key("pending"), -1)
+	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return QueueStats{}, fmt.Errorf("queue: stats of %s: %w", vendor, err)
+		return QueueStats{}, fmt.Errorf("queue: count %s's queue: %w", vendor, err)
 	}
 	st := QueueStats{Pending: pending.Val(), Active: active.Val(), Scheduled: scheduled.Val(), Retry: retry.Val()}
-	if id := oldest.Val(); id != "" {
-		if ns, err := c.rdb.HGet(ctx, "asynq:{"+q+"}:t:"+id, "pending_since").Int64(); err == nil && ns > 0 {
+	if oldest != nil && oldest.Val() != "" {
+		if ns, err := c.rdb.HGet(ctx, key("t:"+oldest.Val()), "pending_since").Int64(); err == nil && ns > 0 {
 			st.Oldest = max(time.Since(time.Unix(0, ns)), 0)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -320,14 +321,12 @@ func (w *Worker) Apply(specs []VendorSpec) (notes []string, err error) {
 		}
 		oldIv, oldBurst := rt.bucket().Tick()
 		newIv, newBurst := buckets[spec.Name].Tick()
-		if oldIv != newIv || oldBurst != newBurst || rt.bucket().Policy().MaxInFlight != buckets[spec.Name].Policy().MaxInFlight {
-			rt.client.SetBucket(buckets[spec.Name])
+		if oldIv != newIv || oldBurst != newBurst {
 			notes = append(notes, fmt.Sprintf("vendor %s: release tick %d every %s -> %d every %s", spec.Name, oldBurst, oldIv, newBurst, newIv))
-		} else {
-			rt.client.SetBucket(buckets[spec.Name]) // adaptation settings may have changed
 		}
+		rt.client.SetBucket(buckets[spec.Name]) // the whole policy: limits, in-flight cap, adaptation
 		if spec.BaseURL != rt.spec.BaseURL || spec.Timeout != rt.spec.Timeout || spec.Concurrency != rt.spec.Concurrency ||
-			spec.UserAgent != rt.spec.UserAgent || !sameHeaders(spec.Headers, rt.spec.Headers) {
+			spec.UserAgent != rt.spec.UserAgent || !maps.Equal(spec.Headers, rt.spec.Headers) {
 			notes = append(notes, fmt.Sprintf("vendor %s: base_url, headers, user_agent, timeout and concurrency changes apply when the worker restarts", spec.Name))
 		}
 		rt.spec.Policy = spec.Policy
@@ -344,18 +343,6 @@ func (w *Worker) Apply(specs []VendorSpec) (notes []string, err error) {
 		notes = append(notes, fmt.Sprintf("vendor %s removed: its worker stops; queued calls stay in Redis", name))
 	}
 	return notes, nil
-}
-
-func sameHeaders(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // supervise unpauses the vendor's asynq queue when this worker (or

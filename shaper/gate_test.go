@@ -531,6 +531,12 @@ func TestGateStateIsSmall(t *testing.T) {
 	if err := b.SetRate(ctx, 900_000, "test"); err != nil {
 		t.Fatal(err)
 	}
+	if err := b.Heartbeat(ctx, "replica-1"); err != nil { // a live worker's config
+		t.Fatal(err)
+	}
+	if err := b.NoteThrottled(ctx); err != nil {
+		t.Fatal(err)
+	}
 	granted := 0
 	for granted < 5000 {
 		r, err := b.Reserve(ctx)
@@ -558,8 +564,8 @@ func TestGateStateIsSmall(t *testing.T) {
 		total += n
 	}
 	t.Logf("%d keys, %d bytes after %d grants", len(keys), total, granted)
-	if len(keys) > 4 || total > 2048 {
-		t.Errorf("gate state is %d keys, %d bytes: want at most 4 keys and 2 KiB", len(keys), total)
+	if len(keys) > 5 || total > 2048 {
+		t.Errorf("gate state is %d keys, %d bytes: want at most 5 keys (gate, control, stats, leases, replicas) and 2 KiB", len(keys), total)
 	}
 }
 
