@@ -373,6 +373,12 @@ func (t *Transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http
 		}
 		reason = fmt.Sprintf("vendor says 0 calls remaining, resets in %s", h.Reset.Round(time.Millisecond))
 	}
+	if limited && h.Limit == 0 {
+		// The rate is about to be lowered: ticks reserved at the old rate
+		// reach at most a horizon ahead, so pausing at least that long
+		// drops them all, and no window mixes old and new spacing.
+		d = max(d, bucket.Policy().Horizon)
+	}
 	if d > t.MaxRetryAfter {
 		t.Logger.Warn("vendorclients: capping a pause the vendor asked for", "vendor", t.Vendor, "asked", d, "cap", t.MaxRetryAfter)
 		d = t.MaxRetryAfter
