@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
-	"time"
+		"time"
+
+	"github.com/shaper-dev/shaper/internal/durations"
 )
 
 // Default values applied by Policy.withDefaults.
@@ -23,20 +24,7 @@ type Limit struct {
 	Window time.Duration
 }
 
-func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, FormatDuration(l.Window)) }
-
-// FormatDuration prints d like time.Duration.String without zero units:
-// "24h", "1m30s", "250ms".
-func FormatDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
-}
+func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, durations.Format(l.Window)) }
 
 // Policy says how one bucket is shaped. The zero values of the optional
 // fields select the documented defaults.

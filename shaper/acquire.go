@@ -1,0 +1,103 @@
+package shaper
+
+import (
+	"context"
+	mrand "math/rand/v2"
+	"time"
+)
+
+// Permit is the right to start one call now.
+type Permit struct {
+	// Tick is the local time of the granted tick; Late is how long after
+	// it the permit was handed out (at most the policy's Tolerance).
+	Tick time.Time
+	Late time.Duration
+
+	bucket *Bucket
+	lease  string
+}
+
+// Release frees the permit's in-flight slot when the bucket has a
+// MaxInFlight cap; call it when the call has finished. Without a cap it
+// does nothing. A permit never released frees its slot after LeaseTTL.
+// Releasing twice is harmless.
+func (p *Permit) Release(ctx context.Context) error {
+	if p == nil || p.lease == "" {
+		return nil
+	}
+	lease := p.lease
+	p.lease = ""
+	return p.bucket.giveUp(ctx, lease, "")
+}
+
+// Acquire blocks until the caller may start one call, and returns a permit
+// for it. It keeps the bucket's contract: a call starts within Tolerance of
+// its tick or not at all; a caller that wakes later gives the tick up and
+// asks again. It returns an error when ctx ends or Redis fails.
+func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
+	p, _, err := b.AcquireWithin(ctx, 0)
+	return p, err
+}
+
+// AcquireWithin is Acquire for callers that must not hold a goroutine
+// through a long wait (a pause of an hour, a long backlog): when the next
+// chance to start is further away than maxWait, it returns no permit and
+// how long to wait before trying again. maxWait <= 0 means no bound.
+func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
+	clock := b.gate.clock
+	l := b.gate.enter(b.name)
+	defer b.gate.leave(b.name, l)
+	for {
+		select {
+		case l.asking <- struct{}{}:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+		sent := clock.Now()
+		r, err := b.reserve(ctx)
+		recv := clock.Now()
+		<-l.asking
+		if err != nil {
+			return nil, 0, err
+		}
+		if !r.ok {
+			wait := r.wait
+			if r.reason == inFlightFull { // the others come back one tick apart already
+				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
+			}
+			if maxWait > 0 && wait > maxWait {
+				return nil, wait, nil
+			}
+			if err := clock.Sleep(ctx, wait); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		// Redis read its clock somewhere between sent and recv, so the tick
+		// is somewhere in [sent+wait, recv+wait]. Start no earlier than the
+		// latest and no later than Tolerance after the earliest: a slow
+		// round trip uses up tolerance.
+		earliest := sent.Add(r.wait)
+		tick := recv.Add(r.wait)
+		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
+			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "")
+			return nil, 0, err
+		}
+		now := clock.Now()
+		late := now.Sub(earliest)
+		if late > b.policy.Tolerance {
+			if err := b.giveUp(ctx, r.lease, gaveUpLate); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		if b.gate.pausedAt(l, now) {
+			// Granted before a pause began: the vendor just said stop.
+			if err := b.giveUp(ctx, r.lease, gaveUpDropped); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease}, 0, nil
+	}
+}

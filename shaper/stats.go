@@ -1,0 +1,163 @@
+package shaper
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// minuteCounterLua defines count(key, name, now): it adds one to the
+// counter name of hash key, and to its count for the current clock minute
+// (two slots, name_m0/name_c0 and name_m1/name_c1, by minute parity), so
+// that stats can tell the last minute from the total in constant space.
+const minuteCounterLua = `
+local function count(key, name, now)
+  local m = math.floor(now / 60000000)
+  local slot = tostring(m % 2)
+  if tonumber(redis.call('HGET', key, name .. '_m' .. slot)) ~= m then
+    redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
+  end
+  redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
+  redis.call('HINCRBY', key, name, 1)
+end
+`
+
+// Stats is a snapshot of one bucket, read in one round trip.
+type Stats struct {
+	Bucket string
+	// ConfiguredRate is the primary limit's rate per Window after burst
+	// and guard; EffectiveRate is what the gate grants now (lower after
+	// adaptation).
+	ConfiguredRate float64
+	EffectiveRate  float64
+	Window         time.Duration
+	RateReason     string
+	RateSource     string // "learned" (429s), "announced" (headers), "set" (SetRate), "" (configured)
+	// NextTick is how long until the next free tick (0: now).
+	NextTick time.Duration
+	// PausedFor is the pause remaining, with its reason.
+	PausedFor   time.Duration
+	PauseReason string
+	InFlight    int64
+	// Counters since the state was created.
+	Granted  int64 // ticks granted
+	Deferred int64 // reservations deferred (horizon or in-flight cap)
+	Late     int64 // ticks given up by callers that woke too late
+	Dropped  int64 // ticks given up because a pause began after they were granted
+	Pauses   int64 // pauses set or extended
+	Resets   int64 // times the state was found missing (first use, Redis data loss)
+	// RateLimited counts rate-limited answers (CountRateLimited); the
+	// LastMinute figures estimate the last 60 s from per-clock-minute
+	// counts.
+	RateLimited           int64
+	GrantedLastMinute     int64
+	RateLimitedLastMinute int64
+}
+
+// statsFields are the fields statsScript reads from the stats hash.
+var statsFields = []any{"granted", "deferred", "late", "pauses", "resets", "dropped", "rate_limited",
+	"granted_m0", "granted_c0", "granted_m1", "granted_c1",
+	"rate_limited_m0", "rate_limited_c0", "rate_limited_m1", "rate_limited_c1"}
+
+// statsScript reads a bucket's state against Redis time.
+//
+// KEYS[1] gate hash, KEYS[2] control hash, KEYS[3] stats hash,
+// KEYS[4] in-flight sorted set.
+// ARGV[1] Redis time override (µs; 0: TIME), ARGV[2...] the stats hash
+// fields to read (statsFields).
+// Returns a flat list of name, value pairs: "now", "last" (gate hash),
+// "paused_until", "pause_reason", "rate", "rate_source", "rate_reason"
+// (control hash), "in_flight", and every field asked for; missing values
+// are left out, so Go tells them from zero.
+var statsScript = redis.NewScript(nowLua + `
+local now = now_us()
+local out = {'now', string.format('%d', now), 'in_flight',
+  tostring(redis.call('ZCOUNT', KEYS[4], '(' .. string.format('%d', now), '+inf'))}
+local function put(key, fields)
+  local vals = redis.call('HMGET', key, unpack(fields))
+  for i, f in ipairs(fields) do
+    if vals[i] then out[#out + 1] = f; out[#out + 1] = vals[i] end
+  end
+end
+put(KEYS[1], {'last'})
+put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason'})
+local asked = {}
+for i = 2, #ARGV do asked[#asked + 1] = ARGV[i] end
+put(KEYS[3], asked)
+return out
+`)
+
+// lastMinute estimates the count of the last 60 s from the counts of the
+// current clock minute and the previous one (slot m0/c0 and m1/c1 of
+// counter name), weighting the previous minute by the part of it still
+// inside the last 60 s.
+func lastMinute(nowUS int64, name string, num func(string) int64) int64 {
+	m := nowUS / 60_000_000
+	frac := float64(nowUS%60_000_000) / 60_000_000
+	var cur, prev int64
+	for _, slot := range []string{"0", "1"} {
+		switch num(name + "_m" + slot) {
+		case m:
+			cur = num(name + "_c" + slot)
+		case m - 1:
+			prev = num(name + "_c" + slot)
+		}
+	}
+	return cur + int64(float64(prev)*(1-frac)+0.5)
+}
+
+// Stats reads the bucket's state.
+func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
+	args := append([]any{b.gate.redisNow()}, statsFields...)
+	pairs, err := statsScript.Run(ctx, b.gate.rdb, b.keys.all()[:4], args...).StringSlice()
+	if err != nil {
+		return Stats{}, fmt.Errorf("shaper: stats of %q: %w", b.name, err)
+	}
+	if len(pairs)%2 != 0 {
+		return Stats{}, fmt.Errorf("shaper: stats of %q: unexpected reply %q", b.name, pairs)
+	}
+	v := make(map[string]string, len(pairs)/2)
+	for i := 0; i < len(pairs); i += 2 {
+		v[pairs[i]] = pairs[i+1]
+	}
+	num := func(k string) int64 { n, _ := strconv.ParseInt(v[k], 10, 64); return n }
+	now := num("now")
+	window := b.policy.Limits[0].Window
+	st := Stats{
+		Bucket:         b.name,
+		Window:         window,
+		ConfiguredRate: EffectiveRate(b.interval, b.burst, window),
+		PauseReason:    v["pause_reason"],
+		RateReason:     v["rate_reason"],
+		Granted:        num("granted"),
+		Deferred:       num("deferred"),
+		Late:           num("late"),
+		Pauses:         num("pauses"),
+		Resets:         num("resets"),
+		Dropped:        num("dropped"),
+		RateLimited:    num("rate_limited"),
+		InFlight:       num("in_flight"),
+	}
+	st.GrantedLastMinute = lastMinute(now, "granted", num)
+	st.RateLimitedLastMinute = lastMinute(now, "rate_limited", num)
+	iv, burst := b.interval, b.burst
+	if r, err := strconv.ParseFloat(v["rate"], 64); err == nil && r > 0 {
+		iv, burst = b.policy.WithRate(r)
+		st.RateSource = v["rate_source"]
+	}
+	st.EffectiveRate = EffectiveRate(iv, burst, window)
+	if last, ok := v["last"]; ok {
+		l, _ := strconv.ParseInt(last, 10, 64)
+		st.NextTick = max(time.Duration(l+iv.Microseconds()-now)*time.Microsecond, 0)
+	}
+	if pu := num("paused_until"); pu > now {
+		st.PausedFor = time.Duration(pu-now) * time.Microsecond
+		st.NextTick = max(st.NextTick, st.PausedFor)
+	} else {
+		st.PauseReason = ""
+	}
+	return st, nil
+}
