@@ -15,6 +15,7 @@ import (
 	"github.com/shaper-dev/shaper/internal/recipes"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 // runEnv is one run's world.
@@ -90,7 +91,9 @@ func startGCRA(ctx context.Context, e *runEnv, burst int) (func(), error) {
 }
 
 func startShaper(ctx context.Context, e *runEnv) (func(), error) {
-	qc := queue.NewClient(e.client(), queue.ClientConfig{Vendors: []queue.VendorQueue{{Name: e.name}}, KeyPrefix: e.name})
+	vendor := queue.Vendor{Vendor: vendorclients.Vendor{Name: e.name, BaseURL: e.vendorURL},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: e.rate, Window: time.Second}}}}
+	qc := queue.NewClient(e.client(), queue.ClientConfig{Vendors: []queue.Vendor{vendor}, KeyPrefix: e.name})
 	calls := make([]queue.Call, e.calls)
 	for i := range calls {
 		calls[i] = queue.Call{ID: e.name + "-" + strconv.Itoa(i), Method: "POST", Path: "/orders"}
@@ -103,8 +106,7 @@ func startShaper(ctx context.Context, e *runEnv) (func(), error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range e.replicas {
-		w, err := queue.NewWorker(e.client(), queue.WorkerConfig{Logger: quiet, KeyPrefix: e.name, Vendors: []queue.VendorSpec{{
-			Name: e.name, BaseURL: e.vendorURL, Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: e.rate, Window: time.Second}}}}}})
+		w, err := queue.NewWorker(e.client(), queue.WorkerConfig{Logger: quiet, KeyPrefix: e.name, Vendors: []queue.Vendor{vendor}})
 		if err != nil {
 			cancel()
 			return nil, err

@@ -34,13 +34,10 @@ const (
 // Errors returned by Enqueue, matched with errors.Is.
 var (
 	ErrUnknownVendor = errors.New("queue: unknown vendor")
-	ErrBucketFull    = errors.New("queue: vendor queue is full")
+	ErrQueueFull     = errors.New("queue: vendor queue is full")
 	ErrDuplicate     = errors.New("queue: a call with this id is already queued")
 	ErrBadCall       = errors.New("queue: invalid call")
 )
-
-// QueueName is the asynq queue of a vendor's bucket.
-func QueueName(vendor string) string { return "vendor:" + shaper.VendorBucket(vendor) }
 
 // Call is one HTTP call to a vendor.
 type Call struct {
@@ -72,7 +69,7 @@ func (c *Call) Validate() error {
 		return fmt.Errorf("%w: method %q: want an upper-case HTTP method such as GET or POST", ErrBadCall, c.Method)
 	}
 	if err := vendorclients.CheckPath(c.Path); err != nil {
-		return fmt.Errorf("%w: path: %v", ErrBadCall, err)
+		return fmt.Errorf("%w: path: %w", ErrBadCall, err)
 	}
 	if c.ID != "" && !idRe.MatchString(c.ID) {
 		return fmt.Errorf("%w: id %q: use 1-200 letters, digits and ._:@/+=-", ErrBadCall, c.ID)
@@ -96,15 +93,9 @@ func (c *Call) Validate() error {
 	return nil
 }
 
-// VendorQueue is what the client needs to know of a vendor.
-type VendorQueue struct {
-	Name       string
-	QueueLimit int // 0: unbounded
-}
-
 // ClientConfig configures a Client.
 type ClientConfig struct {
-	Vendors   []VendorQueue
+	Vendors   []Vendor      // the client reads Name and QueueLimit
 	MaxRetry  int           // retries of failed calls (not of waits or 429s); default 25
 	Retention time.Duration // how long finished calls are kept; default 24h
 	KeyPrefix string        // gate and export keys; default "shaper"
@@ -114,7 +105,7 @@ type ClientConfig struct {
 type Client struct {
 	rdb     redis.UniversalClient
 	aq      *asynq.Client
-	vendors map[string]VendorQueue
+	vendors map[string]Vendor
 	cfg     ClientConfig
 }
 
@@ -130,27 +121,24 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = shaper.DefaultKeyPrefix
 	}
-	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]VendorQueue{}, cfg: cfg}
+	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg}
 	for _, v := range cfg.Vendors {
 		c.vendors[v.Name] = v
 	}
 	return c
 }
 
-// Redis returns the client's Redis connection.
-func (c *Client) Redis() redis.UniversalClient { return c.rdb }
-
 // Close releases the client.
 func (c *Client) Close() error { return c.aq.Close() }
 
-func (c *Client) vendor(name string) (VendorQueue, error) {
+func (c *Client) vendor(name string) (Vendor, error) {
 	v, ok := c.vendors[name]
 	if !ok {
 		known := make([]string, 0, len(c.vendors))
 		for n := range c.vendors {
 			known = append(known, n)
 		}
-		return VendorQueue{}, fmt.Errorf("%w %q: configured vendors are %s", ErrUnknownVendor, name, strings.Join(known, ", "))
+		return Vendor{}, fmt.Errorf("%w %q: configured vendors are %s", ErrUnknownVendor, name, strings.Join(known, ", "))
 	}
 	return v, nil
 }
@@ -177,13 +165,13 @@ func (c *Client) Room(ctx context.Context, vendor string, n int) error {
 	}
 	if waiting+int64(n) > int64(v.QueueLimit) {
 		return fmt.Errorf("%w: %s has %d of %d (queue_limit) waiting, and %d more do not fit; wait for the queue to drain or raise queue_limit",
-			ErrBucketFull, vendor, waiting, v.QueueLimit, n)
+			ErrQueueFull, vendor, waiting, v.QueueLimit, n)
 	}
 	return nil
 }
 
 // Enqueue validates call and queues it on its vendor, returning the task
-// id. It fails with ErrUnknownVendor, ErrBucketFull, ErrBadCall or
+// id. It fails with ErrUnknownVendor, ErrQueueFull, ErrBadCall or
 // ErrDuplicate (the id is already queued: nothing was added).
 func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err := call.Validate(); err != nil {
@@ -198,7 +186,7 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 func (c *Client) enqueueChecked(ctx context.Context, call Call) (string, error) {
 	payload, err := json.Marshal(call)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrBadCall, err)
+		return "", fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
 	info, err := c.EnqueueTask(ctx, call.Vendor, asynq.NewTask(TypeCall, payload), taskIDOption(call.ID)...)
 	if err != nil {

@@ -26,8 +26,13 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
 
+	acme := queue.Vendor{
+		Vendor:     vendorclients.Vendor{Name: "acme", BaseURL: "https://api.acme.example/v1"},
+		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}},
+		QueueLimit: 100_000,
+	}
 	client := queue.NewClient(rdb, queue.ClientConfig{
-		Vendors: []queue.VendorQueue{{Name: "acme", QueueLimit: 100_000}},
+		Vendors: []queue.Vendor{acme},
 	})
 	defer client.Close()
 
@@ -38,7 +43,7 @@ func Example() {
 		Body: json.RawMessage(`{"sku":"X-1","qty":2}`),
 	})
 	if err != nil {
-		log.Fatal(err) // ErrUnknownVendor, ErrBucketFull, ErrBadCall, ErrDuplicate
+		log.Fatal(err) // ErrUnknownVendor, ErrQueueFull, ErrBadCall, ErrDuplicate
 	}
 	fmt.Println("queued", id)
 
@@ -47,14 +52,11 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	worker, err := queue.NewWorker(rdb, queue.WorkerConfig{Vendors: []queue.VendorSpec{{
-		Name: "acme", BaseURL: "https://api.acme.example/v1",
-		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}},
-	}}})
+	worker, err := queue.NewWorker(rdb, queue.WorkerConfig{Vendors: []queue.Vendor{acme}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = worker.Handle("export:page", "acme", func(ctx context.Context, t *asynq.Task, acme *vendorclients.Client) error {
+	err = worker.Handle("export:page", func(ctx context.Context, t *asynq.Task, acme *vendorclients.Client) error {
 		for _, order := range []string{"1", "2", "3"} {
 			req, err := acme.NewRequest(ctx, "GET", "/orders/"+order, nil)
 			if err != nil {

@@ -9,8 +9,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
+
+// exportGrace is how much longer than the calls' retention an export's
+// progress is kept.
+const exportGrace = 7 * 24 * time.Hour
 
 // ErrUnknownExport is returned for an export id that does not exist (or
 // expired with its retention).
@@ -29,14 +34,8 @@ type Export struct {
 // Finished reports whether every call ended, well or not.
 func (e Export) Finished() bool { return e.Done+e.Failed >= e.Total }
 
-// Export keys: a hash with vendor, total and created, and two sets of task
-// ids (a re-run after a crash counts once), hash-tagged by export id.
-func exportKey(prefix, id string) string       { return prefix + ":export:{" + id + "}" }
-func exportDoneKey(prefix, id string) string   { return exportKey(prefix, id) + ":done" }
-func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + ":failed" }
-
-// NewExportID returns a fresh export id.
-func NewExportID() string {
+// newExportID returns a fresh export id.
+func newExportID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return "exp-" + time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
@@ -51,7 +50,7 @@ func (c *Client) StartExport(ctx context.Context, id, vendor string, calls []Cal
 		return Export{}, BatchResult{}, err
 	}
 	if id == "" {
-		id = NewExportID()
+		id = newExportID()
 	} else if !idRe.MatchString(id) {
 		return Export{}, BatchResult{}, fmt.Errorf("%w: export id %q: use 1-200 letters, digits and ._:@/+=-", ErrBadCall, id)
 	}
@@ -60,7 +59,7 @@ func (c *Client) StartExport(ctx context.Context, id, vendor string, calls []Cal
 	}
 	e := Export{ID: id, Vendor: vendor, Total: int64(len(calls)), Created: time.Now().UTC()}
 	key := exportKey(c.cfg.KeyPrefix, id)
-	ttl := c.cfg.Retention + 7*24*time.Hour
+	ttl := c.cfg.Retention + exportGrace
 	err := c.rdb.HSet(ctx, key, "vendor", vendor, "total", e.Total, "created", e.Created.Format(time.RFC3339)).Err()
 	if err == nil {
 		err = c.rdb.Expire(ctx, key, ttl).Err()
@@ -105,4 +104,24 @@ func markExport(ctx context.Context, rdb redis.UniversalClient, prefix, id, task
 	pipe.Expire(ctx, key, ttl)
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+// markEnd records the end of an export's call: done, or failed for good
+// (not retried, or out of retries).
+func (w *Worker) markEnd(ctx context.Context, export, id string, err error) {
+	if export == "" || !isFailure(err) && err != nil {
+		return
+	}
+	final := err == nil || errors.Is(err, asynq.SkipRetry)
+	if !final {
+		n, _ := asynq.GetRetryCount(ctx)
+		maxRetry, _ := asynq.GetMaxRetry(ctx)
+		final = n >= maxRetry
+	}
+	if !final {
+		return
+	}
+	if e := markExport(context.WithoutCancel(ctx), w.rdb, w.cfg.KeyPrefix, export, id, err == nil, w.cfg.Retention+exportGrace); e != nil {
+		w.log.Warn("could not record export progress", "export", export, "task", id, "err", e)
+	}
 }

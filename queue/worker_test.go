@@ -36,8 +36,7 @@ type env struct {
 	t         *testing.T
 	addr      string
 	prefix    string
-	specs     []VendorSpec
-	queues    []VendorQueue
+	vendors   []Vendor
 }
 
 func newEnv(t *testing.T) *env {
@@ -52,8 +51,8 @@ func (e *env) vendor(base string, p shaper.Policy, queueLimit int, h http.Handle
 	srv := httptest.NewServer(h)
 	e.t.Cleanup(srv.Close)
 	name := base + "-" + e.prefix[5:]
-	e.specs = append(e.specs, VendorSpec{Name: name, BaseURL: srv.URL + "/api", Policy: p, Timeout: 5 * time.Second})
-	e.queues = append(e.queues, VendorQueue{Name: name, QueueLimit: queueLimit})
+	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/api", Timeout: 5 * time.Second},
+		Policy: p, QueueLimit: queueLimit})
 	return name
 }
 
@@ -64,7 +63,7 @@ func (e *env) rdb() *redis.Client {
 }
 
 func (e *env) newClient() *Client {
-	c := NewClient(e.rdb(), ClientConfig{Vendors: e.queues, KeyPrefix: e.prefix})
+	c := NewClient(e.rdb(), ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
 	e.t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -73,7 +72,7 @@ func (e *env) newClient() *Client {
 // the test ends.
 func (e *env) startWorker(setup func(*Worker)) {
 	e.t.Helper()
-	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.specs, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
+	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
 		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport,
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
@@ -236,11 +235,11 @@ func TestIsolation(t *testing.T) {
 	pausedName := e.vendor("paused", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}, 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
 	c := e.newClient()
 	gate := shaper.NewGate(e.rdb(), shaper.Config{KeyPrefix: e.prefix})
-	b, err := gate.Bucket(pausedName, e.specs[2].Policy)
+	b, err := gate.Bucket(pausedName, e.vendors[2].Policy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Pause(context.Background(), time.Hour, "test: Retry-After 3600"); err != nil {
+	if _, err := b.Control().Pause(context.Background(), time.Hour, "test: Retry-After 3600"); err != nil {
 		t.Fatal(err)
 	}
 	enqueueN(t, c, slowName, 3000)
@@ -396,10 +395,10 @@ func TestEnqueueErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.Enqueue(ctx, Call{Vendor: name, ID: "id-0", Path: "/x"}); !errors.Is(err, ErrBucketFull) {
-		t.Errorf("4th call on queue_limit 3: %v, want ErrBucketFull", err)
+	if _, err := c.Enqueue(ctx, Call{Vendor: name, ID: "id-0", Path: "/x"}); !errors.Is(err, ErrQueueFull) {
+		t.Errorf("4th call on queue_limit 3: %v, want ErrQueueFull", err)
 	}
-	if _, err := c.EnqueueBatch(ctx, name, []Call{{Path: "/y"}}); !errors.Is(err, ErrBucketFull) || !strings.Contains(err.Error(), "3 of 3") {
+	if _, err := c.EnqueueBatch(ctx, name, []Call{{Path: "/y"}}); !errors.Is(err, ErrQueueFull) || !strings.Contains(err.Error(), "3 of 3") {
 		t.Errorf("batch on a full queue: %v", err)
 	}
 }
@@ -430,7 +429,7 @@ func TestSecretsStayOutOfResults(t *testing.T) {
 		fmt.Fprintf(w, "bad request; you sent Authorization: %s", r.Header.Get("Authorization"))
 	})
 	name := e.vendor("secret", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, echo)
-	e.specs[0].Headers = map[string]string{"Authorization": "Bearer tok-9f8e7d6c"}
+	e.vendors[0].Headers = map[string]string{"Authorization": "Bearer tok-9f8e7d6c"}
 	c := e.newClient()
 	id, err := c.Enqueue(context.Background(), Call{Vendor: name, Path: "/x"})
 	if err != nil {

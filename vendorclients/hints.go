@@ -213,3 +213,27 @@ func parseRateLimit(v string) (int, time.Duration, bool) {
 	}
 	return rem, reset, found
 }
+
+// ParseRetryAfter parses a Retry-After value, as delay-seconds or as an
+// HTTP-date (relative to now). Negative or unparsable values are not ok; a
+// date in the past is 0.
+func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		if n > int64(100*365*24*time.Hour/time.Second) {
+			n = int64(100 * 365 * 24 * time.Hour / time.Second)
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}

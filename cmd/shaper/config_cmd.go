@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/durations"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -37,7 +38,7 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	}
 	fmt.Fprintf(w, "%s: ok, %d vendor(s), redis: %s\n\n", cfg.Path, len(cfg.Vendors), redis)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VENDOR\tLIMITS\tBURST\tGUARD\tRELEASE TICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
+	fmt.Fprintln(tw, "VENDOR\tLIMITS\tBURST\tGUARD\tTICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
 	for _, v := range cfg.Vendors {
 		p := v.Policy()
 		iv, burst := p.Tick()
@@ -55,8 +56,8 @@ func printCheck(w io.Writer, cfg *config.Config) {
 		if v.MaxInFlight > 0 {
 			mif = fmt.Sprint(v.MaxInFlight)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", v.Name, limits, burst, shaper.FormatDuration(v.Guard),
-			burst, iv, shaper.EffectiveRate(iv, burst, v.Window), shaper.FormatDuration(v.Window), ql, mif)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", v.Name, limits, burst, durations.Format(v.Guard),
+			burst, iv, shaper.EffectiveRate(iv, burst, v.Window), durations.Format(v.Window), ql, mif)
 	}
 	tw.Flush()
 }

@@ -276,12 +276,12 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("stats --json is not the documented shape: %v\n%s", err, out)
 	}
-	if len(rep.Vendors) != 1 || rep.Vendors[0].Vendor != "emb" || rep.Vendors[0].ReleasedTotal != 20 ||
-		rep.Vendors[0].ReleasedLastMinute != 20 || rep.Vendors[0].Queued != 0 || rep.Vendors[0].ConfiguredRate != 49.02 {
+	if len(rep.Vendors) != 1 || rep.Vendors[0].Vendor != "emb" || rep.Vendors[0].GrantedTotal != 20 ||
+		rep.Vendors[0].GrantedLastMinute != 20 || rep.Vendors[0].Queued != 0 || rep.Vendors[0].ConfiguredRate != 49.02 {
 		t.Errorf("stats: %+v", rep.Vendors)
 	}
 	out, err = runShaper(t, "", "stats", "--config", cfg)
-	if err != nil || !strings.Contains(out, "RELEASED 1m/TOTAL") || !strings.Contains(out, "20/20") {
+	if err != nil || !strings.Contains(out, "GRANTED 1m/TOTAL") || !strings.Contains(out, "20/20") {
 		t.Errorf("stats table: %v\n%s", err, out)
 	}
 }
@@ -412,7 +412,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	code, body := get("/metrics")
-	for _, want := range []string{`shaper_calls_released_total{vendor="metered"} 10`, `shaper_queue_depth{state="pending",vendor="metered"} 0`,
+	for _, want := range []string{`shaper_calls_started_total{vendor="metered"} 10`, `shaper_queue_depth{state="pending",vendor="metered"} 0`,
 		`shaper_effective_rate{vendor="metered"} 98.03`, `shaper_paused{vendor="metered"} 0`, `shaper_tick_wait_seconds_count{vendor="metered"} 10`} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)

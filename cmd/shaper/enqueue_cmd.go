@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
@@ -37,7 +38,7 @@ queues nothing twice.`,
 			if (path == "") == (file == "") {
 				return errors.New("give either --path (one call) or --file (an NDJSON job file)")
 			}
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				out := cmd.OutOrStdout()
 				if file != "" {
 					calls, err := readJobs(cmd, file)
@@ -102,12 +103,12 @@ func readJobs(cmd *cobra.Command, file string) ([]queue.Call, error) {
 		defer f.Close()
 		r, name = f, file
 	}
-	calls, err := queue.ParseJobs(r)
+	calls, err := queue.ParseCalls(r)
 	if err != nil {
 		var b strings.Builder
 		n := 0
 		for _, e := range unwrapJoined(err) {
-			var le *queue.JobLineError
+			var le *queue.LineError
 			if errors.As(e, &le) {
 				n++
 				if n <= 50 {
@@ -121,7 +122,7 @@ func readJobs(cmd *cobra.Command, file string) ([]queue.Call, error) {
 		return nil, fmt.Errorf("%d bad line(s) in %s; nothing was enqueued:\n%s", n, name, strings.TrimRight(b.String(), "\n"))
 	}
 	if len(calls) == 0 {
-		return nil, fmt.Errorf("%s has no job lines; nothing was enqueued", name)
+		return nil, fmt.Errorf("%s has no call lines; nothing was enqueued", name)
 	}
 	return calls, nil
 }
@@ -144,7 +145,7 @@ func newExportCmd() *cobra.Command {
 			if vendor == "" || file == "" {
 				return errors.New("--vendor and --file are required")
 			}
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				calls, err := readJobs(cmd, file)
 				if err != nil {
 					return err
@@ -173,7 +174,7 @@ func newExportCmd() *cobra.Command {
 		Short: "Report an export's progress",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				e, err := c.ExportStatus(ctx, args[0])
 				if err != nil {
 					return err

@@ -9,9 +9,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/durations"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 )
@@ -19,24 +21,24 @@ import (
 // VendorStats is one vendor in `shaper stats --json`. The shape is stable:
 // fields are only ever added.
 type VendorStats struct {
-	Vendor              string  `json:"vendor"`
-	ConfiguredRate      float64 `json:"configured_rate"`
-	EffectiveRate       float64 `json:"effective_rate"`
-	Window              string  `json:"window"`
-	RateSource          string  `json:"rate_source"`
-	RateReason          string  `json:"rate_reason"`
-	Queued              int64   `json:"queued"`
-	InFlight            int64   `json:"in_flight"`
-	Retrying            int64   `json:"retrying"`
-	ReleasedLastMinute  int64   `json:"released_last_minute"`
-	ReleasedTotal       int64   `json:"released_total"`
-	ThrottledLastMinute int64   `json:"throttled_last_minute"`
-	ThrottledTotal      int64   `json:"throttled_total"`
-	PausedForSeconds    float64 `json:"paused_for_seconds"`
-	PausedUntil         string  `json:"paused_until,omitempty"`
-	PauseReason         string  `json:"pause_reason"`
-	NextTickSeconds     float64 `json:"next_tick_seconds"`
-	OldestQueuedSeconds float64 `json:"oldest_queued_seconds"`
+	Vendor                string  `json:"vendor"`
+	ConfiguredRate        float64 `json:"configured_rate"`
+	EffectiveRate         float64 `json:"effective_rate"`
+	Window                string  `json:"window"`
+	RateSource            string  `json:"rate_source"`
+	RateReason            string  `json:"rate_reason"`
+	Queued                int64   `json:"queued"`
+	InFlight              int64   `json:"in_flight"`
+	Retrying              int64   `json:"retrying"`
+	GrantedLastMinute     int64   `json:"granted_last_minute"`
+	GrantedTotal          int64   `json:"granted_total"`
+	RateLimitedLastMinute int64   `json:"rate_limited_last_minute"`
+	RateLimitedTotal      int64   `json:"rate_limited_total"`
+	PausedForSeconds      float64 `json:"paused_for_seconds"`
+	PausedUntil           string  `json:"paused_until,omitempty"`
+	PauseReason           string  `json:"pause_reason"`
+	NextTickSeconds       float64 `json:"next_tick_seconds"`
+	OldestQueuedSeconds   float64 `json:"oldest_queued_seconds"`
 	// ReplicaRates are the configured rates of live workers when they
 	// disagree (a rolling config edit); the gate uses the lowest.
 	ReplicaRates []float64 `json:"replica_rates,omitempty"`
@@ -56,8 +58,8 @@ func newStatsCmd() *cobra.Command {
 		Short: "Show each vendor's rates, queue, pauses and 429s",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, c *queue.Client) error {
-				gate := shaper.NewGate(c.Redis(), shaper.Config{})
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, c *queue.Client) error {
+				gate := shaper.NewGate(rdb, shaper.Config{})
 				for {
 					rep, err := collectStats(ctx, cfg, gate, c)
 					if err != nil {
@@ -99,7 +101,7 @@ func newStatsCmd() *cobra.Command {
 func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client) (StatsReport, error) {
 	rep := StatsReport{At: time.Now().UTC(), Vendors: []VendorStats{}}
 	for _, v := range cfg.Vendors {
-		b, err := gate.Bucket(shaper.VendorBucket(v.Name), v.Policy())
+		b, err := gate.Bucket(v.Name, v.Policy())
 		if err != nil {
 			return rep, err
 		}
@@ -113,17 +115,17 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 		}
 		vs := VendorStats{
 			Vendor: v.Name, ConfiguredRate: round2(st.ConfiguredRate), EffectiveRate: round2(st.EffectiveRate),
-			Window: shaper.FormatDuration(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
+			Window: durations.Format(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
 			Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Retrying: qs.Retry,
-			ReleasedLastMinute: st.GrantedLastMinute, ReleasedTotal: st.Granted,
-			ThrottledLastMinute: st.ThrottledLastMinute, ThrottledTotal: st.Throttled,
+			GrantedLastMinute: st.GrantedLastMinute, GrantedTotal: st.Granted,
+			RateLimitedLastMinute: st.RateLimitedLastMinute, RateLimitedTotal: st.RateLimited,
 			PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason,
 			NextTickSeconds: st.NextTick.Seconds(), OldestQueuedSeconds: qs.Oldest.Seconds(),
 		}
 		if st.PausedFor > 0 {
 			vs.PausedUntil = rep.At.Add(st.PausedFor).Format(time.RFC3339)
 		}
-		if reps, err := b.Replicas(ctx); err == nil {
+		if reps, err := b.Control().Replicas(ctx); err == nil {
 			seen := map[float64]bool{}
 			for _, r := range reps {
 				seen[round2(shaper.EffectiveRate(r.Interval, r.Burst, v.Window))] = true
@@ -144,7 +146,7 @@ func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
 func printStats(w io.Writer, rep StatsReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VENDOR\tRATE (EFFECTIVE/CONFIGURED)\tQUEUED\tIN FLIGHT\tRETRYING\tRELEASED 1m/TOTAL\t429s 1m/TOTAL\tNEXT TICK\tOLDEST\tPAUSED")
+	fmt.Fprintln(tw, "VENDOR\tRATE (EFFECTIVE/CONFIGURED)\tQUEUED\tIN FLIGHT\tRETRYING\tGRANTED 1m/TOTAL\t429s 1m/TOTAL\tNEXT TICK\tOLDEST\tPAUSED")
 	for _, v := range rep.Vendors {
 		rate := fmt.Sprintf("%.4g/%.4g per %s", v.EffectiveRate, v.ConfiguredRate, v.Window)
 		if v.RateSource != "" {
@@ -158,7 +160,7 @@ func printStats(w io.Writer, rep StatsReport) {
 			paused = fmt.Sprintf("%s (%s)", (time.Duration(v.PausedForSeconds * float64(time.Second))).Round(time.Second), v.PauseReason)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", v.Vendor, rate, v.Queued, v.InFlight, v.Retrying,
-			v.ReleasedLastMinute, v.ReleasedTotal, v.ThrottledLastMinute, v.ThrottledTotal,
+			v.GrantedLastMinute, v.GrantedTotal, v.RateLimitedLastMinute, v.RateLimitedTotal,
 			time.Duration(v.NextTickSeconds*float64(time.Second)).Round(time.Millisecond),
 			time.Duration(v.OldestQueuedSeconds*float64(time.Second)).Round(time.Second), paused)
 	}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
@@ -45,13 +46,13 @@ queue.`,
 				return err
 			}
 			defer closeRedis()
-			wc, err := workerConfig(cfg, log)
+			wc, err := cfg.WorkerConfig()
 			if err != nil {
 				return err
 			}
 			var w *queue.Worker
 			if metricsAddr != "" {
-				qc := queue.NewClient(rdb, clientConfig(cfg))
+				qc := queue.NewClient(rdb, cfg.ClientConfig())
 				defer qc.Close()
 				m := metrics.New(func() map[string]*shaper.Bucket { return w.Buckets() }, qc)
 				wc.Observer = m
@@ -74,7 +75,7 @@ queue.`,
 					if next.Redis != cfg.Redis {
 						log.Warn("redis settings changed in the config; they apply when the worker restarts")
 					}
-					nwc, err := workerConfig(next, log)
+					nwc, err := next.WorkerConfig()
 					if err != nil {
 						log.Error("config reload rejected; the last good config stays in force", "err", err)
 						return
@@ -104,36 +105,8 @@ func loadConfig(cmd *cobra.Command) (*config.Config, error) {
 	return config.Load(path)
 }
 
-func workerConfig(cfg *config.Config, log *slog.Logger) (queue.WorkerConfig, error) {
-	wc := queue.WorkerConfig{
-		MaxWait:         cfg.Worker.MaxWait,
-		ShutdownTimeout: cfg.Worker.ShutdownTimeout,
-		Retention:       cfg.Worker.Retention,
-		Logger:          log,
-	}
-	for _, v := range cfg.Vendors {
-		headers, err := v.ExpandHeaders()
-		if err != nil {
-			return wc, err
-		}
-		wc.Vendors = append(wc.Vendors, queue.VendorSpec{
-			Name: v.Name, BaseURL: v.BaseURL, Policy: v.Policy(), Timeout: v.Timeout, Concurrency: v.Concurrency,
-			Headers: headers, UserAgent: v.UserAgent, MaxRetryAfter: v.MaxRetryAfter,
-		})
-	}
-	return wc, nil
-}
-
-func clientConfig(cfg *config.Config) queue.ClientConfig {
-	cc := queue.ClientConfig{MaxRetry: cfg.Worker.MaxRetry, Retention: cfg.Worker.Retention}
-	for _, v := range cfg.Vendors {
-		cc.Vendors = append(cc.Vendors, queue.VendorQueue{Name: v.Name, QueueLimit: v.QueueLimit})
-	}
-	return cc
-}
-
 // withClient loads the config, connects and runs f with a queue client.
-func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Config, c *queue.Client) error) error {
+func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, c *queue.Client) error) error {
 	cfg, err := loadConfig(cmd)
 	if err != nil {
 		return err
@@ -146,7 +119,7 @@ func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Conf
 		return err
 	}
 	defer closeRedis()
-	c := queue.NewClient(rdb, clientConfig(cfg))
+	c := queue.NewClient(rdb, cfg.ClientConfig())
 	defer c.Close()
-	return f(ctx, cfg, c)
+	return f(ctx, cfg, rdb, c)
 }

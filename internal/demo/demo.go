@@ -25,6 +25,7 @@ import (
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 // Options size the demo.
@@ -99,7 +100,8 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	policy := shaper.Policy{Limits: []shaper.Limit{{Rate: o.Rate, Window: o.Window}}}
 
 	// shaper: three workers on vendor "shaped".
-	qc := queue.NewClient(client(), queue.ClientConfig{Vendors: []queue.VendorQueue{{Name: "shaped"}}})
+	shaped := queue.Vendor{Vendor: vendorclients.Vendor{Name: "shaped", BaseURL: shapedSrv.URL}, Policy: policy}
+	qc := queue.NewClient(client(), queue.ClientConfig{Vendors: []queue.Vendor{shaped}})
 	defer qc.Close()
 	calls := make([]queue.Call, o.Calls)
 	for i := range calls {
@@ -112,8 +114,7 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	defer wg.Wait()
 	defer cancel()
 	for range o.Workers {
-		w, err := queue.NewWorker(client(), queue.WorkerConfig{Logger: quiet, Vendors: []queue.VendorSpec{{
-			Name: "shaped", BaseURL: shapedSrv.URL, Policy: policy}}})
+		w, err := queue.NewWorker(client(), queue.WorkerConfig{Logger: quiet, Vendors: []queue.Vendor{shaped}})
 		if err != nil {
 			return nil, err
 		}

@@ -1,5 +1,5 @@
 // Package metrics serves a worker's Prometheus metrics and health check:
-// calls released and throttled, wait for a tick, queue depth, effective
+// calls started and rate-limited answers, wait for a tick, queue depth, effective
 // rate and pauses, per vendor.
 package metrics
 
@@ -19,21 +19,21 @@ import (
 // Metrics records call events (it is a vendorclients.Observer) and reads
 // the rest from Redis when scraped.
 type Metrics struct {
-	released  *prometheus.CounterVec
-	throttled *prometheus.CounterVec
-	wait      *prometheus.HistogramVec
-	reg       *prometheus.Registry
+	started     *prometheus.CounterVec
+	rateLimited *prometheus.CounterVec
+	wait        *prometheus.HistogramVec
+	reg         *prometheus.Registry
 }
 
 // New returns metrics for a worker; buckets and client give the
 // scrape-time gauges.
 func New(buckets func() map[string]*shaper.Bucket, client *queue.Client) *Metrics {
 	m := &Metrics{
-		released: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shaper_calls_released_total", Help: "Calls released to the vendor by this worker.",
+		started: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_calls_started_total", Help: "Calls this worker started at their tick.",
 		}, []string{"vendor"}),
-		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shaper_calls_throttled_total", Help: "Answers 429 (or 503 with Retry-After) seen by this worker.",
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_rate_limited_total", Help: "Rate-limited answers (429, or 503 with Retry-After) seen by this worker.",
 		}, []string{"vendor"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "shaper_tick_wait_seconds", Help: "Time a call waited for its release tick.",
@@ -41,18 +41,18 @@ func New(buckets func() map[string]*shaper.Bucket, client *queue.Client) *Metric
 		}, []string{"vendor"}),
 		reg: prometheus.NewRegistry(),
 	}
-	m.reg.MustRegister(m.released, m.throttled, m.wait, &collector{buckets: buckets, client: client})
+	m.reg.MustRegister(m.started, m.rateLimited, m.wait, &collector{buckets: buckets, client: client})
 	return m
 }
 
-// Released implements vendorclients.Observer.
-func (m *Metrics) Released(vendor string, wait time.Duration) {
-	m.released.WithLabelValues(vendor).Inc()
+// Started implements vendorclients.Observer.
+func (m *Metrics) Started(vendor string, wait time.Duration) {
+	m.started.WithLabelValues(vendor).Inc()
 	m.wait.WithLabelValues(vendor).Observe(wait.Seconds())
 }
 
-// Throttled implements vendorclients.Observer.
-func (m *Metrics) Throttled(vendor string) { m.throttled.WithLabelValues(vendor).Inc() }
+// RateLimited implements vendorclients.Observer.
+func (m *Metrics) RateLimited(vendor string) { m.rateLimited.WithLabelValues(vendor).Inc() }
 
 // Handler serves /metrics, and /healthz which fails when Redis is
 // unreachable.
@@ -73,7 +73,7 @@ func (m *Metrics) Handler(rdb redis.UniversalClient) http.Handler {
 
 var (
 	queueDepth    = prometheus.NewDesc("shaper_queue_depth", "Calls in the vendor's queue, by state.", []string{"vendor", "state"}, nil)
-	effectiveRate = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate releases now (below the configured rate after adaptation).", []string{"vendor"}, nil)
+	effectiveRate = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate grants now (below the configured rate after adaptation).", []string{"vendor"}, nil)
 	configRate    = prometheus.NewDesc("shaper_configured_rate", "Calls per second the config allows, after burst and guard.", []string{"vendor"}, nil)
 	paused        = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
 	pauseLeft     = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)

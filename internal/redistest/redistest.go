@@ -32,6 +32,14 @@ var (
 // Addr returns the address of the Redis shared by a test binary's tests.
 func Addr(tb testing.TB) string {
 	tb.Helper()
+	if err := setup(); err != nil {
+		tb.Fatalf("redistest: no Redis for the tests: %v", err)
+	}
+	return sharedAddr
+}
+
+// setup finds or starts the shared Redis, once per test binary.
+func setup() error {
 	sharedOnce.Do(func() {
 		if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 			sharedAddr, sharedKind = addr, "REDIS_ADDR"
@@ -53,18 +61,22 @@ func Addr(tb testing.TB) string {
 		sharedAddr, sharedKind, sharedStop = m.Addr(), "embedded miniredis (set REDIS_ADDR or install redis-server for a real one)", m.Close
 		fmt.Fprintln(os.Stderr, "redistest: no REDIS_ADDR and no redis-server on PATH: falling back to", sharedKind)
 	})
-	if sharedErr != nil {
-		tb.Fatalf("redistest: no Redis for the tests: %v", sharedErr)
-	}
-	return sharedAddr
+	return sharedErr
 }
 
 // Kind says which Redis Addr returned.
 func Kind() string { return sharedKind }
 
 // Main runs a package's tests and stops the Redis it started, if any. Call
-// it from TestMain: os.Exit(redistest.Main(m)).
+// it from TestMain: os.Exit(redistest.Main(m)). It sets REDIS_ADDR to the
+// shared Redis, so that Example functions (which take no *testing.T) can
+// read it.
 func Main(m *testing.M) int {
+	if err := setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "redistest: no Redis for the tests:", err)
+		return 1
+	}
+	os.Setenv("REDIS_ADDR", sharedAddr)
 	code := m.Run()
 	if sharedStop != nil {
 		sharedStop()

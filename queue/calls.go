@@ -10,28 +10,31 @@ import (
 	"strings"
 )
 
-// JobLineError is one bad line of a job file.
-type JobLineError struct {
+// LineError is one bad line of a call file.
+type LineError struct {
 	Line int
 	Err  error
 }
 
-func (e *JobLineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
+func (e *LineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
 
-// maxJobLine bounds one line of a job file (its body included).
-const maxJobLine = 4 << 20
+// Unwrap returns the line's error.
+func (e *LineError) Unwrap() error { return e.Err }
 
-// ParseJobs reads NDJSON job lines, one call each:
+// maxCallLine bounds one line of a call file (its body included).
+const maxCallLine = 4 << 20
+
+// ParseCalls reads NDJSON call lines, one call each:
 //
 //	{"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
 //
 // method defaults to GET; id is optional (it makes enqueueing idempotent).
 // Blank lines are skipped. Every line is checked; all bad ones are
-// returned (as *JobLineError, joined), so that nothing is enqueued from a
+// returned (as *LineError, joined), so that nothing is enqueued from a
 // file with a mistake in it.
-func ParseJobs(r io.Reader) ([]Call, error) {
+func ParseCalls(r io.Reader) ([]Call, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), maxJobLine)
+	sc.Buffer(make([]byte, 64<<10), maxCallLine)
 	var calls []Call
 	var errs []error
 	seen := map[string]int{}
@@ -42,7 +45,7 @@ func ParseJobs(r io.Reader) ([]Call, error) {
 		if len(text) == 0 {
 			continue
 		}
-		call, err := parseJobLine(text)
+		call, err := parseCallLine(text)
 		if err == nil && call.ID != "" {
 			if first, dup := seen[call.ID]; dup {
 				err = fmt.Errorf("id %q is also on line %d; ids must be unique", call.ID, first)
@@ -51,21 +54,21 @@ func ParseJobs(r io.Reader) ([]Call, error) {
 			}
 		}
 		if err != nil {
-			errs = append(errs, &JobLineError{Line: line, Err: err})
+			errs = append(errs, &LineError{Line: line, Err: err})
 			continue
 		}
 		calls = append(calls, call)
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			err = fmt.Errorf("a line is longer than %d bytes", maxJobLine)
+			err = fmt.Errorf("a line is longer than %d bytes", maxCallLine)
 		}
-		errs = append(errs, &JobLineError{Line: line + 1, Err: err})
+		errs = append(errs, &LineError{Line: line + 1, Err: err})
 	}
 	return calls, errors.Join(errs...)
 }
 
-func parseJobLine(text []byte) (Call, error) {
+func parseCallLine(text []byte) (Call, error) {
 	var j struct {
 		ID      *string           `json:"id"`
 		Method  *string           `json:"method"`
@@ -78,9 +81,9 @@ func parseJobLine(text []byte) (Call, error) {
 	if err := dec.Decode(&j); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
-			msg += " (a job line has id, method, path, headers and body)"
+			msg += " (a call line has id, method, path, headers and body)"
 		}
-		return Call{}, fmt.Errorf("not a job object: %s", msg)
+		return Call{}, fmt.Errorf("not a call object: %s", msg)
 	}
 	if dec.More() {
 		return Call{}, errors.New("more than one JSON value on the line")

@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-func TestParseJobs(t *testing.T) {
+func TestParseCalls(t *testing.T) {
 	in := `{"id":"order-1","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{"n":1}}
 
 {"path":"/orders/2"}
 {"path":"/x","body":null}
 `
-	calls, err := ParseJobs(strings.NewReader(in))
+	calls, err := ParseCalls(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestParseJobs(t *testing.T) {
 	}
 }
 
-func TestParseJobsReportsEveryBadLine(t *testing.T) {
+func TestParseCallsReportsEveryBadLine(t *testing.T) {
 	in := `{"path":"/ok"}
 {"path":"/../etc"}
 [1,2]
@@ -42,10 +42,10 @@ func TestParseJobsReportsEveryBadLine(t *testing.T) {
 {"path":"/x","method":"delete"}
 {"path":"/x","headers":{"Idempotency-Key":"k"}}
 `
-	_, err := ParseJobs(strings.NewReader(in))
+	_, err := ParseCalls(strings.NewReader(in))
 	var lines []int
 	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-		var le *JobLineError
+		var le *LineError
 		if !errors.As(e, &le) {
 			t.Fatalf("not a line error: %v", e)
 		}
@@ -62,12 +62,12 @@ func TestParseJobsReportsEveryBadLine(t *testing.T) {
 	}
 }
 
-func FuzzParseJobs(f *testing.F) {
+func FuzzParseCalls(f *testing.F) {
 	f.Add(`{"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{"n":1}}`)
 	f.Add(`{"path":"/a/../b"}`)
 	f.Add("{\"path\":\"/x\"}\n\n{\"path\":\"//h\"}")
 	f.Fuzz(func(t *testing.T, s string) {
-		calls, err := ParseJobs(strings.NewReader(s))
+		calls, err := ParseCalls(strings.NewReader(s))
 		if err != nil {
 			return
 		}

@@ -1,0 +1,134 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+// excerptBytes bounds the body excerpt stored as a call's result.
+const excerptBytes = 512
+
+// CallResult is stored as the task result of a call.
+type CallResult struct {
+	Status  int    `json:"status"`
+	Excerpt string `json:"body_excerpt,omitempty"`
+}
+
+// handle is the asynq handler of every vendor's server: the built-in call
+// type, or the user's handler of the task's type, looked up when the task
+// runs so that handlers registered at any time serve every vendor,
+// including vendors added by a reload.
+func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
+	return func(ctx context.Context, t *asynq.Task) error {
+		if t.Type() == TypeCall {
+			return w.handleCall(ctx, rt, t)
+		}
+		h := w.handler(t.Type())
+		if h == nil {
+			return fmt.Errorf("queue: no handler for task type %q on vendor %s's queue; register it with Worker.Handle (retried)", t.Type(), rt.vendor.Name)
+		}
+		err := h(ctx, t, rt.client)
+		if d := w.asDeferral(ctx, rt, err); d != nil {
+			return d
+		}
+		return err
+	}
+}
+
+func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task) error {
+	var call Call
+	if err := json.Unmarshal(t.Payload(), &call); err != nil {
+		return fmt.Errorf("malformed call payload: %w: %w", err, asynq.SkipRetry)
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	err := w.doCall(ctx, rt, t, id, call)
+	w.markEnd(ctx, call.Export, id, err)
+	return err
+}
+
+// asDeferral turns a long wait or a rate-limited answer into a deferral:
+// back to the queue without using a retry. Long waits also pause the
+// vendor's asynq queue. It returns nil for other errors.
+func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, err error) *deferError {
+	var we *vendorclients.WaitError
+	var rl *vendorclients.RateLimitedError
+	switch {
+	case errors.As(err, &we):
+		w.pauseQueue(ctx, rt, we.Wait)
+		return &deferError{Wait: we.Wait}
+	case errors.As(err, &rl):
+		return &deferError{Wait: max(rl.RetryAfter, time.Second)}
+	}
+	return nil
+}
+
+func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, id string, call Call) error {
+	for attempt := 1; ; attempt++ {
+		var body io.Reader
+		if len(call.Body) > 0 {
+			body = bytes.NewReader(call.Body)
+		}
+		req, err := rt.client.NewRequest(ctx, call.Method, call.Path, body)
+		if err != nil {
+			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+		}
+		for k, v := range call.Headers {
+			req.Header.Set(k, v)
+		}
+		if len(call.Body) > 0 && req.Header.Get("Content-Type") == "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Header.Set("Idempotency-Key", id)
+		resp, err := rt.client.Do(req)
+		var rl *vendorclients.RateLimitedError
+		if errors.As(err, &rl) && attempt < 10 {
+			// The vendor is paused for every replica: wait for the next
+			// tick after the pause, in this goroutine while it is short.
+			continue
+		}
+		if d := w.asDeferral(ctx, rt, err); d != nil {
+			return d
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("%s %s: %w", call.Method, call.Path, err)
+		}
+		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, excerptBytes))
+		excerpt = redact(excerpt, rt.secrets)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		res, _ := json.Marshal(CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)})
+		if _, err := t.ResultWriter().Write(res); err != nil {
+			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)
+		}
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			return nil
+		case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode >= 500:
+			return fmt.Errorf("%s %s: HTTP %d: %s", call.Method, call.Path, resp.StatusCode, excerpt)
+		default:
+			return fmt.Errorf("%s %s: HTTP %d (not retried): %s: %w", call.Method, call.Path, resp.StatusCode, excerpt, asynq.SkipRetry)
+		}
+	}
+}
+
+// redact replaces the vendor's header values (secrets) in b: a vendor that
+// echoes a request's headers must not leak them into task results.
+func redact(b []byte, secrets []string) []byte {
+	for _, s := range secrets {
+		b = bytes.ReplaceAll(b, []byte(s), []byte("[redacted]"))
+	}
+	return b
+}

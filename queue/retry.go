@@ -1,0 +1,41 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// deferError sends a task back to its queue for Wait without counting a
+// failure: waiting and rate-limited answers never use up the retry
+// budget.
+type deferError struct{ Wait time.Duration }
+
+func (e *deferError) Error() string {
+	return fmt.Sprintf("waiting for the vendor's next tick in %s", e.Wait.Round(time.Millisecond))
+}
+
+// isFailure is asynq's IsFailure: deferrals are not failures.
+func isFailure(err error) bool {
+	var d *deferError
+	return !errors.As(err, &d)
+}
+
+// retryDelay is asynq's RetryDelayFunc.
+func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var d *deferError
+	if errors.As(err, &d) {
+		// asynq schedules in whole seconds; never earlier than asked.
+		return max(time.Second, d.Wait.Truncate(time.Second)+time.Second)
+	}
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		// Its worker died: the call never failed, it only needs a worker.
+		return time.Second
+	}
+	if w.cfg.RetryBackoff != nil {
+		return w.cfg.RetryBackoff(n)
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}

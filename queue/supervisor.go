@@ -1,0 +1,94 @@
+package queue
+
+import (
+	"context"
+	"time"
+)
+
+// supervisorEvery is how often a vendor's supervisor runs.
+const supervisorEvery = 500 * time.Millisecond
+
+// supervise keeps one vendor's shared state moving while the worker runs:
+// it heartbeats this replica's configured tick, raises a learned rate
+// after quiet periods, and unpauses the vendor's asynq queue when the
+// wait that paused it is nearly over. Redis errors are logged once per
+// failure streak.
+func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
+	t := time.NewTicker(supervisorEvery)
+	defer t.Stop()
+	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := w.superviseOnce(ctx, rt, problems); err != nil && ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog) error {
+	ctl := rt.bucket().Control()
+	err := ctl.Heartbeat(ctx, w.replica)
+	problems.check("gate heartbeat", err)
+	if err != nil {
+		return err
+	}
+	rate, changed, err := ctl.RaiseRate(ctx)
+	problems.check("raising a learned rate", err)
+	if err != nil {
+		return err
+	}
+	if changed && rate == 0 {
+		w.log.Info("vendor quiet: back to the configured rate", "vendor", rt.vendor.Name)
+	} else if changed {
+		w.log.Info("vendor quiet: effective rate raised", "vendor", rt.vendor.Name, "rate", rate, "per", rt.vendor.Policy.Limits[0].Window)
+	}
+	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
+	paused, err := w.rdb.Exists(ctx, key).Result()
+	problems.check("reading whether the vendor's queue is paused", err)
+	if err != nil || paused == 0 {
+		return err
+	}
+	st, err := rt.bucket().Stats(ctx)
+	problems.check("reading the vendor's gate", err)
+	if err != nil || st.NextTick > w.cfg.MaxWait {
+		return err
+	}
+	n, err := w.rdb.Del(ctx, key).Result()
+	problems.check("unpausing the vendor's queue", err)
+	if err != nil || n == 0 {
+		return err // another replica unpaused it
+	}
+	if err := w.insp.UnpauseQueue(rt.queue); err != nil {
+		w.log.Warn("could not unpause the vendor's queue", "vendor", rt.vendor.Name, "queue", rt.queue, "err", err)
+		return err
+	}
+	w.log.Info("vendor's next tick is near: its queue is unpaused", "vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", st.NextTick.Round(time.Millisecond))
+	return nil
+}
+
+// pauseQueue pauses the vendor's asynq queue through a long wait, so that
+// no replica dequeues tasks only to send them back; a supervisor unpauses
+// it when the wait is nearly over. The log says why the wait is long: a
+// pause the vendor asked for, or a backlog.
+func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Duration) {
+	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
+	ok, err := w.rdb.SetNX(ctx, key, "1", wait+time.Minute).Result()
+	if err != nil || !ok {
+		return // already paused by a replica, or Redis is failing (the task is deferred either way)
+	}
+	if err := w.insp.PauseQueue(rt.queue); err != nil {
+		w.log.Warn("could not pause the vendor's queue", "vendor", rt.vendor.Name, "queue", rt.queue, "err", err)
+		return
+	}
+	args := []any{"vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", wait.Round(time.Millisecond), "max_wait", w.cfg.MaxWait}
+	if st, err := rt.bucket().Stats(ctx); err == nil && st.PausedFor > 0 {
+		w.log.Info("vendor paused beyond max_wait: its queue is paused until the pause nearly ends",
+			append(args, "reason", st.PauseReason)...)
+		return
+	}
+	w.log.Info("vendor backlogged: its next free tick is beyond max_wait, so its queue is paused until the tick nears", args...)
+}

@@ -1,0 +1,66 @@
+package queue
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+// Vendor is one vendor as the queue sees it: how to call it (the embedded
+// vendorclients.Vendor: name, base_url, headers, timeout), how to shape
+// its calls (Policy), and its queue. The client reads Name and
+// QueueLimit; the worker reads the rest.
+type Vendor struct {
+	vendorclients.Vendor
+	Policy shaper.Policy
+	// QueueLimit is how many calls may wait in the vendor's queue; 0
+	// means no bound.
+	QueueLimit int
+	// Concurrency is the vendor's worker budget: tasks waiting for a tick
+	// or calling at once in one worker process. 0 sizes it from the rate.
+	Concurrency int
+}
+
+// maxConcurrency caps a vendor's worker budget sized from its rate.
+const maxConcurrency = 1000
+
+// concurrency sizes a vendor's worker budget: enough goroutines to hold a
+// horizon of granted ticks plus the calls in flight, so that no tick is
+// lost to slow pick-up, and each replica alone can carry the full rate if
+// the others die.
+func (v Vendor) concurrency() int {
+	if v.Concurrency > 0 {
+		return v.Concurrency
+	}
+	iv, burst := v.Policy.Tick()
+	perSecond := float64(burst) * float64(time.Second) / float64(iv)
+	timeout := v.Timeout
+	if timeout <= 0 {
+		timeout = vendorclients.DefaultTimeout
+	}
+	hold := v.Policy.Horizon
+	if hold <= 0 {
+		hold = shaper.DefaultHorizon
+	}
+	hold += min(timeout, time.Second)
+	n := int(math.Ceil(perSecond*hold.Seconds())) + burst
+	return max(2, min(n, maxConcurrency))
+}
+
+// secrets returns the vendor's header values that must never reach a log,
+// an error or a task result.
+func (v Vendor) secrets() []string {
+	var out []string
+	for _, val := range v.Headers {
+		if len(val) >= 4 {
+			out = append(out, val)
+			if _, token, ok := strings.Cut(val, " "); ok && len(token) >= 4 { // "Bearer <token>"
+				out = append(out, token)
+			}
+		}
+	}
+	return out
+}

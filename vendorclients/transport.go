@@ -1,0 +1,209 @@
+package vendorclients
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// transport is the gate as an http.RoundTripper: every request waits for
+// its vendor's tick, and what the vendor answers adapts the vendor's
+// bucket for every replica. Its configuration is fixed at New; only the
+// bucket changes (a config reload).
+type transport struct {
+	base     http.RoundTripper
+	vendor   Vendor // with defaults
+	maxWait  time.Duration
+	log      *slog.Logger
+	observer Observer // optional
+
+	announced atomic.Uint64 // math.Float64bits of the last rate announced to the gate
+	bucket    atomic.Pointer[shaper.Bucket]
+}
+
+type permitKey struct{}
+
+// PermitFrom returns the gate permit a request was sent under, from the
+// request's context as the base transport sees it (nil outside one): its
+// Tick is when the call was allowed to start.
+func PermitFrom(ctx context.Context) *shaper.Permit {
+	p, _ := ctx.Value(permitKey{}).(*shaper.Permit)
+	return p
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, _, err := t.do(req)
+	return resp, err
+}
+
+// do sends req at its tick and returns the response and the pause in
+// force after it (0 when the answer did not pause the vendor).
+func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error) {
+	ctx := req.Context()
+	bucket := t.bucket.Load()
+	asked := time.Now()
+	permit, wait, err := bucket.AcquireWithin(ctx, t.maxWait)
+	if err != nil {
+		closeBody(req)
+		return nil, 0, err
+	}
+	if permit == nil {
+		closeBody(req)
+		return nil, 0, &WaitError{Vendor: t.vendor.Name, Wait: wait}
+	}
+	if t.observer != nil {
+		t.observer.Started(t.vendor.Name, time.Since(asked))
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.vendor.Timeout)
+	ctx = context.WithValue(ctx, permitKey{}, permit)
+	out := req.WithContext(ctx)
+	out.Header = req.Header.Clone()
+	if out.Header == nil {
+		out.Header = http.Header{}
+	}
+	for k, v := range t.vendor.Headers {
+		if out.Header.Get(k) == "" {
+			out.Header.Set(k, v)
+		}
+	}
+	if out.Header.Get("User-Agent") == "" {
+		out.Header.Set("User-Agent", t.vendor.UserAgent)
+	}
+	resp, err := t.base.RoundTrip(out)
+	if err != nil {
+		cancel()
+		_ = permit.Release(context.WithoutCancel(ctx))
+		return nil, 0, err
+	}
+	resp.Body = &releasingBody{ReadCloser: resp.Body, release: func() {
+		cancel()
+		_ = permit.Release(context.WithoutCancel(ctx))
+	}}
+	pause := t.adapt(context.WithoutCancel(ctx), bucket, resp)
+	return resp, pause, nil
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// adapt feeds what the response says about the vendor's limits back into
+// the gate, for every replica: an announced limit lowers the effective
+// rate; "0 remaining" pauses until the reset; a rate-limited answer pauses
+// until Retry-After, and without an announced limit also lowers the rate
+// multiplicatively. It returns the pause in force (0 when none was set).
+func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http.Response) time.Duration {
+	ctl := bucket.Control()
+	vendor := t.vendor.Name
+	h := ParseHints(resp.Header, time.Now())
+	if v := resp.Header.Get("Retry-After"); v != "" && !h.HasRetryAfter {
+		t.log.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", vendor, "retry_after", v)
+	}
+	primary := bucket.Policy().Limits[0]
+	if h.Limit > 0 {
+		window := h.Window
+		if window <= 0 {
+			window = primary.Window // X-RateLimit-Limit does not say: assume the configured window
+		}
+		rate := float64(h.Limit) * float64(primary.Window) / float64(window)
+		if bits := math.Float64bits(rate); t.announced.Swap(bits) != bits {
+			reason := fmt.Sprintf("vendor announces %s (%s headers)", shaper.Limit{Rate: h.Limit, Window: window}, h.Style)
+			if err := ctl.Announce(ctx, rate, reason); err != nil {
+				t.log.Error("vendorclients: could not apply an announced limit", "vendor", vendor, "err", err)
+			} else if rate < float64(primary.Rate) {
+				t.log.Info("vendorclients: effective rate lowered to the vendor's announced limit", "vendor", vendor, "rate", rate, "per", primary.Window, "reason", reason)
+			}
+		}
+	}
+	limited := isRateLimited(resp)
+	if limited {
+		if t.observer != nil {
+			t.observer.RateLimited(vendor)
+		}
+		if err := ctl.CountRateLimited(ctx); err != nil {
+			t.log.Error("vendorclients: could not count a rate-limited answer", "vendor", vendor, "err", err)
+		}
+	}
+	d, reason := pauseFor(resp, h, limited)
+	if limited && h.Limit == 0 {
+		// The rate is about to be lowered: ticks granted at the old rate
+		// reach at most a horizon ahead, so pausing at least that long
+		// drops them all, and no window mixes old and new spacing.
+		d = max(d, bucket.Policy().Horizon)
+	}
+	if d > t.vendor.MaxRetryAfter {
+		t.log.Warn("vendorclients: capping a pause the vendor asked for", "vendor", vendor, "asked", d, "cap", t.vendor.MaxRetryAfter)
+		d = t.vendor.MaxRetryAfter
+	}
+	var pause time.Duration
+	if d > 0 {
+		left, err := ctl.Pause(ctx, d, reason)
+		if err != nil {
+			t.log.Error("vendorclients: could not pause the vendor; other replicas may call it until it answers 429 again", "vendor", vendor, "err", err)
+		} else {
+			pause = left
+			t.log.Info("vendorclients: vendor paused for every replica", "vendor", vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
+		}
+	}
+	if limited && h.Limit == 0 {
+		rate, err := ctl.LowerRate(ctx, fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode))
+		if err != nil {
+			t.log.Error("vendorclients: could not lower the rate", "vendor", vendor, "err", err)
+		} else {
+			t.log.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", vendor, "rate", rate, "per", primary.Window)
+		}
+	}
+	return pause
+}
+
+// pauseFor says how long a response asks the vendor to be paused, and
+// why: a rate-limited answer until Retry-After, else the announced reset,
+// else DefaultPause; "0 remaining" until the earliest moment the reset can
+// fall.
+func pauseFor(resp *http.Response, h Hints, limited bool) (time.Duration, string) {
+	switch {
+	case limited && h.HasRetryAfter:
+		return h.RetryAfter, fmt.Sprintf("HTTP %d, Retry-After: %s", resp.StatusCode, resp.Header.Get("Retry-After"))
+	case limited && h.Reset >= 0 && h.Remaining <= 0:
+		return h.Reset, fmt.Sprintf("HTTP %d, limit resets in %s", resp.StatusCode, h.Reset.Round(time.Millisecond))
+	case limited:
+		return DefaultPause, fmt.Sprintf("HTTP %d without Retry-After", resp.StatusCode)
+	case h.Remaining == 0 && h.Reset > 0:
+		// A reset given in whole seconds is rounded up: the window may end
+		// up to a second earlier. Pause until the earliest moment it can
+		// end; a call that still comes too early gets a 429 and a full
+		// pause. (Shaping at an announced limit already spaces the calls.)
+		d := h.Reset
+		if d%time.Second == 0 {
+			d -= time.Second
+		}
+		return d, fmt.Sprintf("vendor says 0 calls remaining, resets in %s", h.Reset.Round(time.Millisecond))
+	}
+	return 0, ""
+}
+
+// releasingBody releases the call's permit when its body is closed.
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+	done    bool
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	if !b.done {
+		b.done = true
+		b.release()
+	}
+	return err
+}
