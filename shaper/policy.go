@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-		"time"
+	"time"
 
 	"github.com/shaper-dev/shaper/internal/durations"
 )
