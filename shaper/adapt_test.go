@@ -2,7 +2,6 @@ package shaper
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -12,98 +11,116 @@ import (
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
 
-func TestThrottleAndRecover(t *testing.T) {
-	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+// The adaptation tests move the Redis time the scripts see (Gate.testNow)
+// past cooldowns and quiet periods instead of sleeping through them, so they
+// can check each boundary to the microsecond.
+
+func TestLowerAndRaiseRate(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
 	p := Policy{Limits: []Limit{{100, 100 * time.Millisecond}}, Guard: 5 * time.Millisecond,
 		Adapt: Adapt{Quiet: 300 * time.Millisecond, Probe: 5 * time.Second}}
 	b, err := g.Bucket("acme", p)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctl := b.Control()
 	ctx := context.Background()
-	r, err := b.Throttled(ctx, "429 without hints")
+	const cooldown = 105 * time.Millisecond // window + guard
+	r, err := ctl.LowerRate(ctx, "429 without hints")
 	if err != nil || !near(r, 70) {
-		t.Fatalf("first 429: rate %v, %v; want 70", r, err)
+		t.Fatalf("first rate-limited answer: rate %v, %v; want 70", r, err)
 	}
-	if r, _ := b.Throttled(ctx, "again"); !near(r, 70) {
-		t.Fatalf("429 within the cooldown lowered the rate again to %v", r)
+	clk.advance(cooldown - time.Microsecond)
+	if r, _ := ctl.LowerRate(ctx, "again"); !near(r, 70) {
+		t.Fatalf("a rate-limited answer within the cooldown lowered the rate again to %v", r)
 	}
-	time.Sleep(120 * time.Millisecond)
-	if r, _ := b.Throttled(ctx, "after cooldown"); !near(r, 49) {
-		t.Fatalf("429 after the cooldown: %v, want 49", r)
+	clk.advance(time.Microsecond)
+	if r, _ := ctl.LowerRate(ctx, "after cooldown"); !near(r, 49) {
+		t.Fatalf("a rate-limited answer after the cooldown: %v, want 49", r)
 	}
 	st, err := b.Stats(ctx)
-	if err != nil || st.RateSource != "learned" || math.Abs(st.EffectiveRate-49*100.0/105) > 0.5 {
+	if err != nil || st.RateSource != "learned" || st.RateReason != "after cooldown" || math.Abs(st.EffectiveRate-49*100.0/105) > 0.5 {
 		t.Fatalf("stats %+v, %v", st, err)
 	}
-	// Quiet: no step before the quiet period.
-	if _, changed, _ := b.Recover(ctx); changed {
-		t.Fatal("recovered before a quiet period")
+	// No step before a quiet period has passed since the last change.
+	clk.advance(p.Adapt.Quiet - time.Microsecond)
+	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+		t.Fatal("raised before a quiet period")
 	}
-	time.Sleep(350 * time.Millisecond)
-	r, changed, err := b.Recover(ctx)
+	clk.advance(time.Microsecond)
+	r, changed, err := ctl.RaiseRate(ctx)
 	if err != nil || !changed || !near(r, 54) {
-		t.Fatalf("recover: %v %v %v; want 54 (49 + 5%% of 100)", r, changed, err)
+		t.Fatalf("raise: %v %v %v; want 54 (49 + 5%% of 100)", r, changed, err)
 	}
-	if _, changed, _ := b.Recover(ctx); changed {
+	if _, changed, _ := ctl.RaiseRate(ctx); changed {
 		t.Fatal("two steps in one quiet period")
 	}
-	time.Sleep(350 * time.Millisecond)
-	if r, _, _ := b.Recover(ctx); !near(r, 59) {
+	clk.advance(p.Adapt.Quiet)
+	if r, _, _ := ctl.RaiseRate(ctx); !near(r, 59) {
 		t.Fatalf("second step: %v, want 59", r)
 	}
-	// A 429 at 59 falls back to the last quiet rate (54), not to 41.3.
-	if r, _ := b.Throttled(ctx, "429"); !near(r, 54) {
-		t.Fatalf("429 above a quiet rate: %v, want 54", r)
+	// A rate-limited answer at 59 falls back to the last quiet rate (54),
+	// not to 41.3.
+	if r, _ := ctl.LowerRate(ctx, "429"); !near(r, 54) {
+		t.Fatalf("rate-limited above a quiet rate: %v, want 54", r)
 	}
 	// Steps now stop just below the rate that failed (59 * 0.97).
-	time.Sleep(350 * time.Millisecond)
-	if r, _, _ := b.Recover(ctx); !near(r, 57.23) {
+	clk.advance(p.Adapt.Quiet)
+	if r, _, _ := ctl.RaiseRate(ctx); !near(r, 57.23) {
 		t.Fatalf("capped step: %v, want 57.23", r)
 	}
-	time.Sleep(350 * time.Millisecond)
-	if _, changed, _ := b.Recover(ctx); changed {
+	clk.advance(p.Adapt.Quiet)
+	if _, changed, _ := ctl.RaiseRate(ctx); changed {
 		t.Fatal("stepped above 97% of the rate that failed")
 	}
 }
 
-func TestRecoverClearsAtTheConfiguredRate(t *testing.T) {
-	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	b, _ := g.Bucket("acme", Policy{Limits: []Limit{{10, 50 * time.Millisecond}}, Guard: time.Millisecond,
+// TestRaiseRateClearsAtTheConfiguredRate steps a learned rate back up: the
+// step is capped below the rate that failed until that failure is older
+// than Probe, and reaching the configured rate clears the learned one.
+func TestRaiseRateClearsAtTheConfiguredRate(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{10, 50 * time.Millisecond}}, Guard: time.Millisecond,
 		Adapt: Adapt{Quiet: 100 * time.Millisecond, Increase: 0.5, Probe: 150 * time.Millisecond}})
-	ctx := context.Background()
-	if _, err := b.Throttled(ctx, "429"); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		time.Sleep(120 * time.Millisecond)
-		r, changed, err := b.Recover(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if changed && r == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("never recovered to the configured rate")
+	ctl := b.Control()
+	ctx := context.Background()
+	if r, err := ctl.LowerRate(ctx, "429"); err != nil || !near(r, 7) {
+		t.Fatalf("lower: %v, %v; want 7", r, err)
+	}
+	// 120ms after the failure: capped at 97% of the rate that failed (10).
+	// 240ms after: the failure is older than Probe, 7+5 > 10, cleared.
+	for i, want := range []float64{9.7, 0} {
+		clk.advance(120 * time.Millisecond)
+		r, changed, err := ctl.RaiseRate(ctx)
+		if err != nil || !changed || !near(r, want) {
+			t.Fatalf("step %d: %v, %v, %v; want %v", i+1, r, changed, err, want)
 		}
 	}
-	st, _ := b.Stats(ctx)
-	if st.RateSource != "" || !near(st.EffectiveRate, st.ConfiguredRate) {
-		t.Errorf("after recovery: %+v", st)
+	st, err := b.Stats(ctx)
+	if err != nil || st.RateSource != "" || st.RateReason != "" || !near(st.EffectiveRate, st.ConfiguredRate) {
+		t.Errorf("after recovery: %+v, %v", st, err)
+	}
+	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+		t.Error("raised a rate that was already back at the configured one")
 	}
 }
 
 func TestAnnounce(t *testing.T) {
-	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
 	p := Policy{Limits: []Limit{{100, time.Second}}, Horizon: 50 * time.Millisecond}
-	b, _ := g.Bucket("acme", p)
+	b, err := g.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := b.Control()
 	ctx := context.Background()
-	if err := b.Announce(ctx, 40, "X-RateLimit-Limit: 40"); err != nil {
+	if err := ctl.Announce(ctx, 40, "X-RateLimit-Limit: 40"); err != nil {
 		t.Fatal(err)
 	}
 	st, _ := b.Stats(ctx)
@@ -111,24 +128,17 @@ func TestAnnounce(t *testing.T) {
 	if st.RateSource != "announced" || !near(st.EffectiveRate, EffectiveRate(iv, 1, time.Second)) || st.RateReason != "X-RateLimit-Limit: 40" {
 		t.Fatalf("announced: %+v", st)
 	}
-	if _, changed, _ := b.Recover(ctx); changed {
-		t.Error("Recover changed an announced rate")
+	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+		t.Error("RaiseRate changed an announced rate")
 	}
 	// The reserve script spaces ticks at the lowered rate.
-	var ticks []time.Time
-	for len(ticks) < 3 {
-		r, err := b.Reserve(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.OK {
-			ticks = append(ticks, time.Now().Add(r.Wait))
+	ticks := grantTicks(t, b, clk, 3)
+	for i := 1; i < len(ticks); i++ {
+		if gap := time.Duration(ticks[i]-ticks[i-1]) * time.Microsecond; gap != iv {
+			t.Errorf("ticks %v apart at an announced 40/s, want %v", gap, iv)
 		}
 	}
-	if gap := ticks[2].Sub(ticks[1]); gap < iv-time.Millisecond {
-		t.Errorf("ticks %v apart at an announced 40/s, want about %v", gap, iv)
-	}
-	if err := b.Announce(ctx, 150, "RateLimit-Policy q=150"); err != nil {
+	if err := ctl.Announce(ctx, 150, "RateLimit-Policy q=150"); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := b.Stats(ctx); st.RateSource != "" {
@@ -137,22 +147,17 @@ func TestAnnounce(t *testing.T) {
 }
 
 func TestStatsCountsTheLastMinute(t *testing.T) {
-	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	b, _ := g.Bucket("acme", Policy{Limits: []Limit{{1000, time.Second}}, NoGuard: true, Horizon: time.Minute})
-	ctx := context.Background()
-	granted := 0
-	for granted < 10 {
-		r, err := b.Reserve(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.OK {
-			granted++
-		}
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	// One second into a clock minute: the grants, 1ms apart, all fall in it.
+	clk := fakeRedisTime(g, testEpoch+time.Second.Microseconds())
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1000, time.Second}}, NoGuard: true, Horizon: time.Minute})
+	if err != nil {
+		t.Fatal(err)
 	}
+	ctx := context.Background()
+	grantTicks(t, b, clk, 10)
 	for range 3 {
-		if err := b.NoteThrottled(ctx); err != nil {
+		if err := b.Control().CountRateLimited(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,53 +165,85 @@ func TestStatsCountsTheLastMinute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Granted != 10 || st.GrantedLastMinute != 10 || st.Throttled != 3 || st.ThrottledLastMinute != 3 {
-		t.Errorf("stats %+v: want 10 granted and 3 throttled, all in the last minute", st)
+	if st.Granted != 10 || st.GrantedLastMinute != 10 || st.RateLimited != 3 || st.RateLimitedLastMinute != 3 {
+		t.Errorf("stats %+v: want 10 granted and 3 rate-limited, all in the last minute", st)
+	}
+	// 18s into the next minute, 7/10 of the previous one is still inside
+	// the last 60s.
+	clk.set(testEpoch + (time.Minute + 18*time.Second).Microseconds())
+	if st, err = b.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st.Granted != 10 || st.GrantedLastMinute != 7 || st.RateLimitedLastMinute != 2 {
+		t.Errorf("in the next minute: %d granted, %d in the last minute, %d rate-limited in it; want 10, 7 (7/10 of 10), 2 (7/10 of 3)",
+			st.Granted, st.GrantedLastMinute, st.RateLimitedLastMinute)
 	}
 }
 
 func TestLastMinuteEstimate(t *testing.T) {
-	num := func(s string) int64 { var n int64; fmt.Sscan(s, &n); return n }
 	now := int64(100)*60_000_000 + 15_000_000 // a quarter into minute 100
-	if got := lastMinute(now, []string{"100", "4", "99", "40"}, num); got != 4+30 {
-		t.Errorf("got %d, want 34 (4 now + 3/4 of the previous 40)", got)
+	lookup := func(fields map[string]int64) func(string) int64 {
+		return func(k string) int64 { return fields[k] }
 	}
-	if got := lastMinute(now, []string{"98", "50", "100", "2"}, num); got != 2 {
-		t.Errorf("stale slot counted: %d", got)
+	tests := []struct {
+		name   string
+		fields map[string]int64
+		want   int64
+	}{
+		{"current and previous minute", map[string]int64{"granted_m0": 100, "granted_c0": 4, "granted_m1": 99, "granted_c1": 40}, 4 + 30},
+		{"slots swapped", map[string]int64{"granted_m1": 100, "granted_c1": 4, "granted_m0": 99, "granted_c0": 40}, 4 + 30},
+		{"a stale slot is not counted", map[string]int64{"granted_m0": 98, "granted_c0": 50, "granted_m1": 100, "granted_c1": 2}, 2},
+		{"another counter's slots are not read", map[string]int64{"rate_limited_m0": 100, "rate_limited_c0": 9}, 0},
+		{"nothing yet", nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := lastMinute(now, "granted", lookup(tt.fields)); got != tt.want {
+				t.Errorf("lastMinute = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }
 
 // TestReplicasDisagree has two replicas with different configs (a rolling
-// edit): the gate must space ticks by the more conservative one, and say
-// that they disagree.
+// edit): the gate must space ticks by the more conservative one while both
+// are live, say that they disagree, and forget the silent one.
 func TestReplicasDisagree(t *testing.T) {
 	rdb := redistest.Client(t)
 	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	// Replicas reads Redis TIME itself: start the scripts' time there.
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(g, now.UnixMicro())
 	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{100, time.Second}}, Horizon: 50 * time.Millisecond})
 	slow, _ := g.Bucket("acme", Policy{Limits: []Limit{{25, time.Second}}, Horizon: 50 * time.Millisecond})
 	ctx := context.Background()
-	if err := fast.Heartbeat(ctx, "new"); err != nil {
+	if err := fast.Control().Heartbeat(ctx, "new"); err != nil {
 		t.Fatal(err)
 	}
-	if err := slow.Heartbeat(ctx, "old"); err != nil {
+	if err := slow.Control().Heartbeat(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
-	reps, err := fast.Replicas(ctx)
+	reps, err := fast.Control().Replicas(ctx)
 	if err != nil || len(reps) != 2 {
 		t.Fatalf("replicas %+v, %v", reps, err)
 	}
-	var ticks []time.Time
-	for len(ticks) < 3 {
-		r, err := fast.Reserve(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.OK {
-			ticks = append(ticks, time.Now().Add(r.Wait))
-		}
-	}
-	slowIv, _ := slow.Tick()
-	if gap := ticks[2].Sub(ticks[1]); gap < slowIv-2*time.Millisecond {
+	slowIv, _ := slow.Policy().Tick()
+	fastIv, _ := fast.Policy().Tick()
+	ticks := grantTicks(t, fast, clk, 3)
+	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != slowIv {
 		t.Errorf("ticks %v apart while a live replica is configured for %v", gap, slowIv)
+	}
+	// The old replica stops: its heartbeat no longer counts after
+	// replicaLive, and the ticks go back to the fast spacing.
+	clk.advance(replicaLive)
+	if err := fast.Control().Heartbeat(ctx, "new"); err != nil {
+		t.Fatal(err)
+	}
+	ticks = grantTicks(t, fast, clk, 3)
+	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != fastIv {
+		t.Errorf("ticks %v apart after the slow replica went silent, want %v", gap, fastIv)
 	}
 }

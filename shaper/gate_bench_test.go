@@ -45,7 +45,7 @@ func BenchmarkReserve(b *testing.B) {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
-			if _, err := bucket.Reserve(ctx); err != nil { // first use: state reset
+			if _, err := bucket.reserve(ctx); err != nil { // first use: state reset
 				b.Fatal(err)
 			}
 			var granted atomic.Int64
@@ -55,12 +55,12 @@ func BenchmarkReserve(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					r, err := bucket.Reserve(ctx)
+					r, err := bucket.reserve(ctx)
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					if r.OK {
+					if r.ok {
 						granted.Add(1)
 					}
 				}

@@ -142,6 +142,55 @@ func logStats(t *testing.T, r *replica, bucket string, p Policy) {
 	t.Logf("gate: %d granted, %d deferred, %d given up late, %d resets", st.Granted, st.Deferred, st.Late, st.Resets)
 }
 
+// testEpoch is a Redis time (µs) for tests that set their own: the start of
+// a clock minute.
+var testEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+// redisClock is the Redis time a gate's scripts see in a test
+// (Gate.testNow): it moves only when the test moves it.
+type redisClock struct{ us atomic.Int64 }
+
+// fakeRedisTime makes g's scripts read the time from the returned clock,
+// starting at start (µs).
+func fakeRedisTime(g *Gate, start int64) *redisClock {
+	c := &redisClock{}
+	c.us.Store(start)
+	g.testNow = c.us.Load
+	return c
+}
+
+func (c *redisClock) now() int64              { return c.us.Load() }
+func (c *redisClock) set(us int64)            { c.us.Store(us) }
+func (c *redisClock) advance(d time.Duration) { c.us.Add(d.Microseconds()) }
+
+// grantTicks reserves ticks of b until n are granted, and returns them in
+// Redis time (µs), in the order granted. b's gate must read the time from
+// clk: a deferral moves clk to the moment the gate said to ask again, so
+// nothing sleeps.
+func grantTicks(t *testing.T, b *Bucket, clk *redisClock, n int) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	var ticks []int64
+	for tries := 0; len(ticks) < n; tries++ {
+		if tries > 2*n+10 {
+			t.Fatalf("%d grants after %d reservations", len(ticks), tries)
+		}
+		r, err := b.reserve(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			if r.wait <= 0 {
+				t.Fatalf("deferred (reason %d) with nothing to wait", r.reason)
+			}
+			clk.advance(r.wait)
+			continue
+		}
+		ticks = append(ticks, clk.now()+r.wait.Microseconds())
+	}
+	return ticks
+}
+
 // utilisation is the share of the ticks between the first and the last
 // call that carried a call: 1 when no tick was lost.
 func utilisation(ts []time.Time, iv time.Duration, burst int) float64 {
@@ -499,8 +548,8 @@ func TestReserveDeferredIsNotAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	r, err := b.Reserve(ctx)
-	if err != nil || r.OK || r.Reason != StateReset {
+	r, err := b.reserve(ctx)
+	if err != nil || r.ok || r.reason != stateReset {
 		t.Fatalf("first reserve on a new bucket = %+v, %v; want deferred for a state reset", r, err)
 	}
 	if _, err := g.Bucket("a{b}", Policy{Limits: []Limit{{1, time.Second}}}); err == nil {
@@ -525,27 +574,28 @@ func TestGateStateIsSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := b.Pause(ctx, time.Millisecond, "test"); err != nil {
+	ctl := b.Control()
+	if _, err := ctl.Pause(ctx, time.Millisecond, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.SetRate(ctx, 900_000, "test"); err != nil {
+	if err := ctl.SetRate(ctx, 900_000, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Heartbeat(ctx, "replica-1"); err != nil { // a live worker's config
+	if err := ctl.Heartbeat(ctx, "replica-1"); err != nil { // a live worker's config
 		t.Fatal(err)
 	}
-	if err := b.NoteThrottled(ctx); err != nil {
+	if err := ctl.CountRateLimited(ctx); err != nil {
 		t.Fatal(err)
 	}
 	granted := 0
 	for granted < 5000 {
-		r, err := b.Reserve(ctx)
+		r, err := b.reserve(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.OK {
+		if r.ok {
 			granted++
-			if err := b.release(ctx, r.lease, ""); err != nil {
+			if err := b.giveUp(ctx, r.lease, ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -569,6 +619,26 @@ func TestGateStateIsSmall(t *testing.T) {
 	}
 }
 
+// startWatch runs g.Watch until ctx ends, in a goroutine wg waits for, and
+// returns once the subscription is confirmed: a pause published after that
+// reaches g.
+func startWatch(t *testing.T, ctx context.Context, wg *sync.WaitGroup, g *Gate) {
+	t.Helper()
+	up := make(chan struct{}, 1)
+	g.testWatchedUp = func() {
+		select {
+		case up <- struct{}{}:
+		default: // a resubscription after an error
+		}
+	}
+	wg.Go(func() { g.Watch(ctx) })
+	select {
+	case <-up:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch did not subscribe within 10s")
+	}
+}
+
 // TestPauseDropsReservedTicks pauses a bucket while callers on two
 // watching replicas hold ticks reserved up to a horizon ahead: no call may
 // start inside the pause, on either replica.
@@ -577,17 +647,15 @@ func TestPauseDropsReservedTicks(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{100, time.Second}}}
 	ctx, cancel := context.WithCancel(context.Background())
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
 	defer cancel()
 	var reps []*replica
-	var watchers sync.WaitGroup
 	for range 2 {
 		r := newReplica(t, addr, prefix, nil)
 		reps = append(reps, r)
-		watchers.Go(func() { r.gate.Watch(ctx) })
+		startWatch(t, ctx, &watchers, r.gate)
 	}
-	defer watchers.Wait()
-	defer cancel()
-	time.Sleep(200 * time.Millisecond) // subscriptions up
 	rec := &recorder{}
 	var pausedAt time.Time
 	const pause = 600 * time.Millisecond
@@ -596,7 +664,7 @@ func TestPauseDropsReservedTicks(t *testing.T) {
 		time.Sleep(2500 * time.Millisecond) // a backlog with ticks reserved ahead
 		b, _ := reps[0].gate.Bucket("acme", p)
 		pausedAt = time.Now()
-		if _, err := b.Pause(context.Background(), pause, "test"); err != nil {
+		if _, err := b.Control().Pause(context.Background(), pause, "test"); err != nil {
 			t.Error(err)
 		}
 	})

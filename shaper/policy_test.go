@@ -105,14 +105,3 @@ func TestPolicyValidate(t *testing.T) {
 		})
 	}
 }
-
-func TestFormatDuration(t *testing.T) {
-	for d, want := range map[time.Duration]string{
-		24 * time.Hour: "24h", time.Hour + 30*time.Minute: "1h30m", time.Minute: "1m", 90 * time.Second: "1m30s",
-		time.Second: "1s", 250 * time.Millisecond: "250ms", 2*time.Hour + 3*time.Second: "2h0m3s",
-	} {
-		if got := FormatDuration(d); got != want {
-			t.Errorf("FormatDuration(%v) = %q, want %q", d, got, want)
-		}
-	}
-}
