@@ -1,4 +1,4 @@
-// Package shaper is the release gate: it lets calls to a vendor start on a
+// Package shaper is the gate: it lets calls to a vendor start on a
 // fixed tick shared by every process on the same Redis, so that the vendor
 // sees an even stream just under its limit.
 //

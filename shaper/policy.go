@@ -32,7 +32,7 @@ type Policy struct {
 	// Limits are the limits the vendor enforces; every one of them holds.
 	// Limits[0] is the primary limit, the one adaptation lowers.
 	Limits []Limit
-	// Burst is how many calls are released together on one tick,
+	// Burst is how many calls start together on one tick,
 	// 1 <= Burst <= every limit's Rate. Default 1.
 	Burst int
 	// Guard widens every window when the spacing is computed, so that a
@@ -113,7 +113,7 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// Tick returns the release schedule that keeps every limit of p: one tick
+// Tick returns the schedule that keeps every limit of p: one tick
 // every interval, up to burst calls per tick. See tickFor for the rule.
 func (p Policy) Tick() (interval time.Duration, burst int) {
 	p = p.withDefaults()
@@ -169,7 +169,7 @@ func tickFor(limits []Limit, burst int, guard time.Duration, primary float64) (t
 }
 
 // EffectiveRate is the number of calls per window of the primary limit
-// that a tick of interval with burst calls releases.
+// that a tick of interval with burst calls starts.
 func EffectiveRate(interval time.Duration, burst int, window time.Duration) float64 {
 	if interval <= 0 {
 		return 0

@@ -16,7 +16,7 @@ func newConfigCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "config", Short: "Work with the config file"}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "check",
-		Short: "Validate the config file and print each vendor's release tick",
+		Short: "Validate the config file and print each vendor's tick",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path, _ := cmd.Flags().GetString("config")

@@ -1,5 +1,5 @@
 // Command shaper is the CLI of shaper, an outbound traffic-shaping job
-// runner: calls to each vendor wait their turn in a queue and are released
+// runner: calls to each vendor wait their turn in a queue and start
 // on a tick shared by every worker replica through Redis.
 package main
 

@@ -25,7 +25,7 @@ func newWorkerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run the background worker until SIGINT or SIGTERM",
-		Long: `Run the worker: one queue per vendor, calls released on each vendor's tick
+		Long: `Run the worker: one queue per vendor, calls started on each vendor's tick
 shared by every worker on the same Redis. Run as many as you like, on one
 machine or many. Edits to the config file (and SIGHUP) reload it: rates
 apply within a second, added vendors start, removed ones stop; an invalid
