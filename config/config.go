@@ -21,11 +21,15 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// Defaults of the vendor keys.
+// Defaults of the vendor keys that only the config defines. The other
+// defaults belong to the package that uses the value: guard is
+// shaper.DefaultGuard, timeout and max_retry_after are
+// vendorclients.DefaultTimeout and DefaultMaxRetryAfter, the [worker] keys
+// are queue's Default* constants, and absent adapt_* keys leave
+// Vendor.Adapt's fields zero, which selects shaper.Adapt's defaults.
 const (
 	DefaultWindow     = time.Second
 	DefaultBurst      = 1
-	DefaultGuard      = shaper.DefaultGuard
 	DefaultQueueLimit = 100000
 )
 
@@ -38,7 +42,9 @@ type Config struct {
 	Vendors []Vendor // sorted by name
 }
 
-// Worker is the [worker] table.
+// Worker is the [worker] table; an absent key has queue's default
+// (queue.DefaultMaxWait, DefaultShutdownTimeout, DefaultRetention,
+// DefaultMaxRetry).
 type Worker struct {
 	// MaxWait is the longest a task holds a worker goroutine waiting for
 	// its tick; longer waits (pauses) send it back to the queue.
@@ -47,16 +53,6 @@ type Worker struct {
 	Retention       time.Duration // finished calls (and their results) are kept this long
 	MaxRetry        int           // retries of failed calls; waits and 429s never count
 }
-
-// Worker defaults.
-const (
-	DefaultMaxWait         = 5 * time.Second
-	DefaultShutdownTimeout = 10 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultMaxRetry        = 25
-	DefaultTimeout         = 30 * time.Second
-	DefaultMaxRetryAfter   = time.Hour
-)
 
 // Redis says how to reach Redis.
 type Redis struct {
@@ -93,7 +89,9 @@ type Vendor struct {
 	Headers       map[string]string
 	UserAgent     string
 	MaxRetryAfter time.Duration // cap on a vendor-asked pause
-	Adapt         shaper.Adapt  // learning from 429s without an announced limit
+	// Adapt tunes learning from 429s without an announced limit; a field
+	// whose key is absent stays zero, which selects shaper's default.
+	Adapt shaper.Adapt
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)

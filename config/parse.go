@@ -16,7 +16,9 @@ import (
 
 	"github.com/spf13/viper"
 
+	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 var (
@@ -140,11 +142,11 @@ func (p *parser) redis() Redis {
 
 func (p *parser) worker() Worker {
 	w := Worker{
-		MaxWait:         p.duration("worker", "max_wait", DefaultMaxWait),
-		ShutdownTimeout: p.duration("worker", "shutdown_timeout", DefaultShutdownTimeout),
-		Retention:       p.duration("worker", "retention", DefaultRetention),
+		MaxWait:         p.duration("worker", "max_wait", queue.DefaultMaxWait),
+		ShutdownTimeout: p.duration("worker", "shutdown_timeout", queue.DefaultShutdownTimeout),
+		Retention:       p.duration("worker", "retention", queue.DefaultRetention),
 	}
-	w.MaxRetry, _ = p.integer("worker", "max_retry", 1, DefaultMaxRetry)
+	w.MaxRetry, _ = p.integer("worker", "max_retry", 1, queue.DefaultMaxRetry)
 	for key, d := range map[string]time.Duration{"max_wait": w.MaxWait, "shutdown_timeout": w.ShutdownTimeout, "retention": w.Retention} {
 		if d <= 0 {
 			p.errorf("worker", key, "%s: must be positive", d)
@@ -192,7 +194,7 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		p.errorf(t, "window", "%s: a window must be positive, e.g. window = \"1s\"", vd.Window)
 	}
 	vd.Burst, _ = p.integer(t, "burst", 1, DefaultBurst)
-	vd.Guard = p.duration(t, "guard", DefaultGuard)
+	vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)
 	if vd.Guard < 0 {
 		p.errorf(t, "guard", "%s must not be negative; 0 turns the jitter margin off", vd.Guard)
 	} else if vd.Window > 0 && vd.Guard >= vd.Window {
@@ -201,7 +203,7 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	vd.QueueLimit, _ = p.integer(t, "queue_limit", 0, DefaultQueueLimit)
 	vd.MaxInFlight, _ = p.integer(t, "max_in_flight", 0, 0)
 	vd.Concurrency, _ = p.integer(t, "concurrency", 0, 0)
-	vd.Timeout = p.duration(t, "timeout", DefaultTimeout)
+	vd.Timeout = p.duration(t, "timeout", vendorclients.DefaultTimeout)
 	if vd.Timeout <= 0 {
 		p.errorf(t, "timeout", "%s: must be positive, e.g. timeout = \"30s\"", vd.Timeout)
 	}
@@ -210,15 +212,16 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	}
 	vd.Limits = p.limits(t, tbl["limits"], vd)
 	vd.UserAgent = p.str(t, "user_agent")
-	vd.MaxRetryAfter = p.duration(t, "max_retry_after", DefaultMaxRetryAfter)
+	vd.MaxRetryAfter = p.duration(t, "max_retry_after", vendorclients.DefaultMaxRetryAfter)
 	if vd.MaxRetryAfter <= 0 {
 		p.errorf(t, "max_retry_after", "%s: must be positive, e.g. \"1h\"", vd.MaxRetryAfter)
 	}
-	vd.Adapt.Decrease = p.fraction(t, "adapt_decrease", 0.7)
-	vd.Adapt.Increase = p.fraction(t, "adapt_increase", 0.05)
-	vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 10*time.Second)
-	if vd.Adapt.Quiet <= 0 {
-		p.errorf(t, "adapt_quiet", "%s: must be positive", vd.Adapt.Quiet)
+	// Absent adapt keys leave their field zero: shaper.Adapt's zero
+	// fields select its defaults, defined there only.
+	vd.Adapt.Decrease = p.fraction(t, "adapt_decrease", 0)
+	vd.Adapt.Increase = p.fraction(t, "adapt_increase", 0)
+	if vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 0); p.isSet(t, "adapt_quiet") && vd.Adapt.Quiet <= 0 {
+		p.errorf(t, "adapt_quiet", "%s: must be positive, e.g. \"10s\"", vd.Adapt.Quiet)
 	}
 	if raw, present := tbl["headers"]; present {
 		hm, ok := raw.(map[string]any)
@@ -291,6 +294,9 @@ func (p *parser) limits(t string, raw any, vd Vendor) []shaper.Limit {
 	}
 	return out
 }
+
+// isSet reports whether table.key is in the file (or the environment).
+func (p *parser) isSet(table, key string) bool { return p.v.IsSet(table + "." + key) }
 
 func (p *parser) str(table, key string) string {
 	full := table + "." + key
