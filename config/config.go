@@ -177,9 +177,9 @@ func Parse(path string, data []byte) (*Config, error) {
 		var de *toml.DecodeError
 		if errors.As(err, &de) {
 			line, col := de.Position()
-			return nil, fmt.Errorf("%s:%d:%d: %w: TOML syntax: %s", path, line, col, ErrInvalid, de.Error())
+			return nil, fmt.Errorf("%s:%d:%d: %w: TOML syntax: %w", path, line, col, ErrInvalid, de)
 		}
-		return nil, fmt.Errorf("%s: %w: %v", path, ErrInvalid, err)
+		return nil, fmt.Errorf("%s: %w: %w", path, ErrInvalid, err)
 	}
 	v := viper.New()
 	v.SetConfigType("toml")
@@ -189,7 +189,7 @@ func Parse(path string, data []byte) (*Config, error) {
 		_ = v.BindEnv(k)
 	}
 	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
-		return nil, fmt.Errorf("%s: %w: %v", path, ErrInvalid, err)
+		return nil, fmt.Errorf("%s: %w: %w", path, ErrInvalid, err)
 	}
 	p := &parser{path: path, text: string(data), v: v}
 	cfg := p.config(raw)

@@ -2,10 +2,13 @@ package config
 
 import (
 	"errors"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pelletier/go-toml/v2"
 
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
@@ -133,6 +136,21 @@ func TestInvalidConfigs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestErrorsKeepTheirCause checks that wrapped errors keep their chain:
+// a caller can reach the TOML decoder's or the URL parser's error.
+func TestErrorsKeepTheirCause(t *testing.T) {
+	_, err := Parse("c.toml", []byte("[vendors.acme]\nrate = = 1\n"))
+	var de *toml.DecodeError
+	if !errors.Is(err, ErrInvalid) || !errors.As(err, &de) {
+		t.Errorf("TOML syntax error %v: want ErrInvalid and a *toml.DecodeError in its chain", err)
+	}
+	_, err = Parse("c.toml", []byte("[redis]\naddr = \"redis://[::1\"\n"))
+	var ue *url.Error
+	if !errors.Is(err, ErrInvalid) || !errors.As(err, &ue) || !strings.Contains(err.Error(), "c.toml:2:") {
+		t.Errorf("bad redis URL %v: want ErrInvalid, its line and a *url.Error in its chain", err)
 	}
 }
 

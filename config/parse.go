@@ -82,6 +82,7 @@ func (p *parser) config(raw map[string]any) *Config {
 }
 
 // errorf records a problem with key (table.key), located in the file.
+// format may wrap an error with %w: the recorded error keeps its chain.
 func (p *parser) errorf(table, key, format string, args ...any) {
 	loc := p.path
 	if line := locate(p.text, table, key); line > 0 {
@@ -91,7 +92,7 @@ func (p *parser) errorf(table, key, format string, args ...any) {
 	if key != "" {
 		name += "." + key
 	}
-	p.errs = append(p.errs, fmt.Errorf("%s: %w: %s: %s", loc, ErrInvalid, name, fmt.Sprintf(format, args...)))
+	p.errs = append(p.errs, fmt.Errorf("%s: %w: %s: %w", loc, ErrInvalid, name, fmt.Errorf(format, args...)))
 }
 
 func (p *parser) unknownKeys(table string, tbl map[string]any, known []string) {
@@ -128,7 +129,7 @@ func (p *parser) redis() Redis {
 	r.Cluster = p.boolean("redis", "cluster")
 	if r.Addr != "" {
 		if err := checkAddr(r.Addr); err != nil {
-			p.errorf("redis", "addr", "%q: %v", r.Addr, err)
+			p.errorf("redis", "addr", "%q: %w", r.Addr, err)
 		}
 	}
 	if r.Cluster && r.MasterName != "" {
@@ -158,7 +159,7 @@ func (p *parser) worker() Worker {
 func checkAddr(addr string) error {
 	if strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://") {
 		if _, err := url.Parse(addr); err != nil {
-			return fmt.Errorf("not a valid URL: %v", err)
+			return fmt.Errorf("not a valid URL: %w", err)
 		}
 		return nil
 	}
@@ -246,7 +247,7 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		return Vendor{}, false
 	}
 	if err := vd.Policy().Validate(); err != nil { // belt and braces: the gate's own check
-		p.errorf(t, "", "%v", err)
+		p.errorf(t, "", "%w", err)
 		return Vendor{}, false
 	}
 	return vd, true
