@@ -68,6 +68,25 @@ queue.`,
 			if err != nil {
 				return err
 			}
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			reload := make(chan struct{})
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-hup:
+						log.Info("SIGHUP: reloading the config file")
+						select {
+						case reload <- struct{}{}:
+						case <-ctx.Done():
+							return
+						}
+					}
+				}
+			}()
 			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
 			go func() {
 				err := config.Watch(ctx, cfg.Path, log, func(next *config.Config) {
@@ -87,7 +106,7 @@ queue.`,
 					for _, n := range notes {
 						log.Info("config change applied", "change", n)
 					}
-				})
+				}, config.WatchOptions{Reload: reload})
 				if err != nil {
 					log.Error("cannot watch the config file; edits need a restart (SIGHUP still reloads)", "err", err)
 				}
