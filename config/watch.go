@@ -64,7 +64,7 @@ func (e WatchEvent) String() string {
 
 // Watch reloads the config file at path when it changes, and on each
 // request from opts.Reload, until ctx ends; then it returns nil. It
-// returns an error only when the watch cannot be set up.
+// returns an error only when path has no absolute form.
 //
 // Each reload reads the file, parses and validates it into a fresh viper
 // (as Parse does), and only then calls apply with the new config; an
@@ -74,7 +74,7 @@ func (e WatchEvent) String() string {
 // differs from the last reload's; a request always reloads. Watch watches
 // the file's directory, so saves by rename-over and by delete-and-recreate
 // are seen, and compares the file's content every 2 s in case an event is
-// lost.
+// lost (or the system gives no file events: that is logged).
 //
 // Watch installs no signal handler: its caller decides what asks for a
 // reload (cmd/shaper sends a request per SIGHUP). apply and opts.Observe
@@ -84,13 +84,19 @@ func Watch(ctx context.Context, path string, log *slog.Logger, apply func(*Confi
 	if err != nil {
 		return fmt.Errorf("config: watch %s: %w", path, err)
 	}
+	// File events, when the system gives them (inotify has per-user
+	// limits); without them the poll and the requests still work.
+	var events <-chan fsnotify.Event
+	var eventErrs <-chan error
 	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("config: watch %s: %w", path, err)
+	if err == nil {
+		defer fw.Close()
+		if err = fw.Add(filepath.Dir(abs)); err == nil {
+			events, eventErrs = fw.Events, fw.Errors
+		}
 	}
-	defer fw.Close()
-	if err := fw.Add(filepath.Dir(abs)); err != nil {
-		return fmt.Errorf("config: watch %s: %w", path, err)
+	if err != nil {
+		log.Warn("no file events for the config file; checking it every 2s instead", "path", path, "err", err)
 	}
 	observe := func(e WatchEvent) {
 		if opts.Observe != nil {
@@ -135,14 +141,14 @@ func Watch(ctx context.Context, path string, log *slog.Logger, apply func(*Confi
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-		case ev, ok := <-fw.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return nil
 			}
 			if filepath.Clean(ev.Name) == abs {
 				settled = time.After(debounce)
 			}
-		case err, ok := <-fw.Errors:
+		case err, ok := <-eventErrs:
 			if ok {
 				log.Warn("config watch error; polling continues", "err", err)
 			}
