@@ -1,6 +1,9 @@
 // Package config loads shaper's TOML config with viper into typed structs
 // and validates it. Every error names the file, the line, the key, the
-// value and what to do; all problems are reported at once. The other
+// value and what to do, and wraps ErrInvalid and its cause; all problems
+// are reported at once. Watch reloads the file while a worker runs and
+// applies only a valid one. The package has no process-wide side effects:
+// what asks for a reload (SIGHUP) is its caller's business. The other
 // packages take the plain structs and never see viper.
 package config
 
