@@ -2,12 +2,17 @@ package config
 
 import (
 	"errors"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 func TestExampleConfig(t *testing.T) {
@@ -46,8 +51,21 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := cfg.Vendors[0]
-	if v.Window != DefaultWindow || v.Burst != 1 || v.Guard != DefaultGuard || v.QueueLimit != DefaultQueueLimit || v.MaxInFlight != 0 {
+	if v.Window != DefaultWindow || v.Burst != 1 || v.Guard != shaper.DefaultGuard || v.QueueLimit != DefaultQueueLimit || v.MaxInFlight != 0 {
 		t.Errorf("defaults = %+v", v)
+	}
+	// The owning packages' defaults, not copies of them.
+	if v.Timeout != vendorclients.DefaultTimeout || v.MaxRetryAfter != vendorclients.DefaultMaxRetryAfter {
+		t.Errorf("timeout %s, max_retry_after %s: want vendorclients' defaults", v.Timeout, v.MaxRetryAfter)
+	}
+	if want := (Worker{MaxWait: queue.DefaultMaxWait, ShutdownTimeout: queue.DefaultShutdownTimeout,
+		Retention: queue.DefaultRetention, MaxRetry: queue.DefaultMaxRetry}); cfg.Worker != want {
+		t.Errorf("worker = %+v, want queue's defaults %+v", cfg.Worker, want)
+	}
+	// Absent adapt keys stay zero: shaper.Adapt's zero fields select its
+	// own defaults.
+	if v.Adapt != (shaper.Adapt{}) {
+		t.Errorf("adapt = %+v with no adapt_* key, want the zero Adapt", v.Adapt)
 	}
 	iv, burst := v.Policy().Tick()
 	if iv != 145715*time.Microsecond || burst != 1 { // 1.02s/7 = 145714.28µs, rounded up
@@ -97,6 +115,7 @@ func TestInvalidConfigs(t *testing.T) {
 		{"worker max_wait zero", "[worker]\nmax_wait = \"0s\"\n", []string{"c.toml:2:", "worker.max_wait", "must be positive"}},
 		{"worker max_retry zero", "[worker]\nmax_retry = 0\n", []string{"c.toml:2:", "worker.max_retry", "at least 1"}},
 		{"worker unknown key", "[worker]\nmax_wiat = \"1s\"\n", []string{"c.toml:2:", `did you mean "max_wait"`}},
+		{"adapt_quiet zero", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nadapt_quiet = \"0s\"\n", []string{"c.toml:4:", "vendors.acme.adapt_quiet", "must be positive"}},
 		{"vendor timeout zero", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\ntimeout = \"0s\"\n", []string{"c.toml:4:", "vendors.acme.timeout"}},
 		{"TOML syntax", "[vendors.acme]\nrate = = 1\n", []string{"c.toml:2:", "TOML syntax"}},
 		{"two errors at once", "[vendors.a]\nbase_url = \"https://x\"\nrate = 0\n[vendors.b]\nbase_url = \"https://x\"\nrate = 1\nburst = 2\n",
@@ -117,6 +136,21 @@ func TestInvalidConfigs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestErrorsKeepTheirCause checks that wrapped errors keep their chain:
+// a caller can reach the TOML decoder's or the URL parser's error.
+func TestErrorsKeepTheirCause(t *testing.T) {
+	_, err := Parse("c.toml", []byte("[vendors.acme]\nrate = = 1\n"))
+	var de *toml.DecodeError
+	if !errors.Is(err, ErrInvalid) || !errors.As(err, &de) {
+		t.Errorf("TOML syntax error %v: want ErrInvalid and a *toml.DecodeError in its chain", err)
+	}
+	_, err = Parse("c.toml", []byte("[redis]\naddr = \"redis://[::1\"\n"))
+	var ue *url.Error
+	if !errors.Is(err, ErrInvalid) || !errors.As(err, &ue) || !strings.Contains(err.Error(), "c.toml:2:") {
+		t.Errorf("bad redis URL %v: want ErrInvalid, its line and a *url.Error in its chain", err)
 	}
 }
 
@@ -164,7 +198,7 @@ adapt_quiet = "30s"
 		t.Fatal(err)
 	}
 	v := cfg.Vendors[0]
-	if v.UserAgent != "orders-sync/1.0" || v.MaxRetryAfter != 10*time.Minute || v.Adapt.Decrease != 0.5 || v.Adapt.Quiet != 30*time.Second || v.Adapt.Increase != 0.05 {
+	if v.UserAgent != "orders-sync/1.0" || v.MaxRetryAfter != 10*time.Minute || v.Adapt.Decrease != 0.5 || v.Adapt.Quiet != 30*time.Second || v.Adapt.Increase != 0 {
 		t.Errorf("vendor = %+v", v)
 	}
 	if _, err := v.ExpandHeaders(); err == nil || !strings.Contains(err.Error(), "SHAPER_TEST_TOKEN not set") {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,53 +52,138 @@ queue.`,
 				return err
 			}
 			var w *queue.Worker
+			var m *metrics.Metrics
 			if metricsAddr != "" {
 				qc := queue.NewClient(rdb, cfg.ClientConfig())
 				defer qc.Close()
-				m := metrics.New(func() map[string]*shaper.Bucket { return w.Buckets() }, qc)
+				// The metrics are the worker's Observer, so they exist
+				// before it. Their bucket source reads w, which is set
+				// below before the server starts: the go statement that
+				// starts it publishes w to every scrape.
+				m = metrics.New(func() map[string]*shaper.Bucket { return w.Buckets() }, qc)
 				wc.Observer = m
-				ln, err := net.Listen("tcp", metricsAddr)
-				if err != nil {
-					return fmt.Errorf("--metrics-addr %s: %w", metricsAddr, err)
-				}
-				srv := &http.Server{Handler: m.Handler(rdb), ReadHeaderTimeout: 5 * time.Second}
-				go func() { _ = srv.Serve(ln) }()
-				defer srv.Close()
-				log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics", "healthz", "http://"+ln.Addr().String()+"/healthz")
 			}
 			w, err = queue.NewWorker(rdb, wc)
 			if err != nil {
 				return err
 			}
-			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
-			go func() {
-				err := config.Watch(ctx, cfg.Path, log, func(next *config.Config) {
-					if next.Redis != cfg.Redis {
-						log.Warn("redis settings changed in the config; they apply when the worker restarts")
-					}
-					nwc, err := next.WorkerConfig()
-					if err != nil {
-						log.Error("config reload rejected; the last good config stays in force", "err", err)
-						return
-					}
-					notes, err := w.Apply(nwc.Vendors)
-					if err != nil {
-						log.Error("config reload rejected; the last good config stays in force", "err", err)
-						return
-					}
-					for _, n := range notes {
-						log.Info("config change applied", "change", n)
-					}
-				})
+			if m != nil {
+				stopMetrics, err := serveMetrics(metricsAddr, m.Handler(rdb), log)
 				if err != nil {
-					log.Error("cannot watch the config file; edits need a restart (SIGHUP still reloads)", "err", err)
+					return err
 				}
-			}()
-			return w.Run(ctx)
+				defer stopMetrics() // after the worker has stopped: /healthz answers during the shutdown
+			}
+			// SIGHUP asks for a reload; caught for the command's whole run,
+			// so that a SIGHUP during the shutdown cannot end the process.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
+			return runWorker(ctx, w, cfg, hup, log)
 		},
 	}
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address (off by default; :0 picks a free port)")
 	return cmd
+}
+
+// runWorker runs w until ctx ends, with the config watch beside it, and
+// returns once both have stopped. The watch stops first, and is waited
+// for, before the worker shuts down: a reload never reaches a worker that
+// is shutting down. If the worker fails to start, the watch stops too.
+func runWorker(ctx context.Context, w *queue.Worker, cfg *config.Config, hup <-chan os.Signal, log *slog.Logger) error {
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var watch sync.WaitGroup
+	reload := make(chan struct{})
+	watch.Go(func() { forwardReloads(watchCtx, hup, reload, log) })
+	watch.Go(func() { watchConfig(watchCtx, w, cfg, reload, log) })
+
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	var run sync.WaitGroup
+	var runErr error
+	run.Go(func() {
+		runErr = w.Run(runCtx)
+		stopWatch() // Run returns early only when the worker cannot start
+	})
+	<-watchCtx.Done()
+	watch.Wait()
+	stopRun()
+	run.Wait()
+	return runErr
+}
+
+// forwardReloads turns each signal from hup into a reload request for the
+// config watch, until ctx ends.
+func forwardReloads(ctx context.Context, hup <-chan os.Signal, reload chan<- struct{}, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			log.Info("SIGHUP: reloading the config file")
+			select {
+			case reload <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// watchConfig applies edits of the config file (and reload requests) to
+// the running worker until ctx ends.
+func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reload <-chan struct{}, log *slog.Logger) {
+	apply := func(next *config.Config) {
+		if next.Redis != cfg.Redis {
+			log.Warn("redis settings changed in the config; they apply when the worker restarts")
+		}
+		nwc, err := next.WorkerConfig()
+		if err != nil {
+			log.Error("config reload rejected; the last good config stays in force", "err", err)
+			return
+		}
+		notes, err := w.Apply(nwc.Vendors)
+		if err != nil {
+			log.Error("config reload rejected; the last good config stays in force", "err", err)
+			return
+		}
+		for _, n := range notes {
+			log.Info("config change applied", "change", n)
+		}
+	}
+	observe := func(e config.WatchEvent) {
+		if e == config.WatchArmed {
+			log.Info("watching the config file; saving it or SIGHUP reloads it", "path", cfg.Path)
+		}
+	}
+	err := config.Watch(ctx, cfg.Path, log, apply, config.WatchOptions{Reload: reload, Observe: observe})
+	if err != nil {
+		log.Error("cannot watch the config file; edits and SIGHUP need a restart", "err", err)
+	}
+}
+
+// serveMetrics serves h on addr. stop shuts the server down (scrapes in
+// progress get 5 s) and waits for it.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	var serving sync.WaitGroup
+	serving.Go(func() { _ = srv.Serve(ln) })
+	base := "http://" + ln.Addr().String()
+	log.Info("serving metrics", "addr", base+"/metrics", "healthz", base+"/healthz")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close()
+		}
+		serving.Wait()
+	}, nil
 }
 
 func loadConfig(cmd *cobra.Command) (*config.Config, error) {

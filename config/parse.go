@@ -1,0 +1,388 @@
+package config
+
+// The parser: typed readers of viper values, and one method per table
+// ([redis], [worker], [vendors.*] and their limits). Every problem is
+// recorded with its source line and parsing goes on, so that one run
+// reports them all.
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+var (
+	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster"}
+	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
+		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet"}
+	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
+	limitKeys  = []string{"rate", "window"}
+	topKeys    = []string{"redis", "worker", "vendors"}
+)
+
+// parser collects every problem of one file.
+type parser struct {
+	path string
+	text string
+	v    *viper.Viper
+	errs []error
+}
+
+// config walks the tables of the raw parse and reads each with viper.
+func (p *parser) config(raw map[string]any) *Config {
+	cfg := &Config{Path: p.path}
+	p.unknownKeys("", raw, topKeys)
+	if r, ok := raw["redis"].(map[string]any); ok {
+		p.unknownKeys("redis", r, redisKeys)
+	} else if _, present := raw["redis"]; present {
+		p.errorf("redis", "", "[redis] must be a table")
+	}
+	cfg.Redis = p.redis()
+	if wt, ok := raw["worker"].(map[string]any); ok {
+		p.unknownKeys("worker", wt, workerKeys)
+	} else if _, present := raw["worker"]; present {
+		p.errorf("worker", "", "[worker] must be a table")
+	}
+	cfg.Worker = p.worker()
+	vendors, _ := raw["vendors"].(map[string]any)
+	if _, present := raw["vendors"]; present && vendors == nil {
+		p.errorf("vendors", "", "vendors must be tables like [vendors.acme]")
+	}
+	names := make([]string, 0, len(vendors))
+	for name := range vendors {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if !vendorName.MatchString(name) {
+			p.errorf("vendors."+quoteKey(name), "", "vendor name %q must match ^[a-z0-9_-]+$ (lower-case letters, digits, '_' and '-'): viper lower-cases names and splits them on dots; rename it, e.g. [vendors.%s]", name, suggestName(name))
+			continue
+		}
+		tbl, ok := vendors[name].(map[string]any)
+		if !ok {
+			p.errorf("vendors."+name, "", "vendors.%s must be a table: [vendors.%s]", name, name)
+			continue
+		}
+		p.unknownKeys("vendors."+name, tbl, vendorKeys)
+		if vd, ok := p.vendor(name, tbl); ok {
+			cfg.Vendors = append(cfg.Vendors, vd)
+		}
+	}
+	return cfg
+}
+
+// errorf records a problem with key (table.key), located in the file.
+// format may wrap an error with %w: the recorded error keeps its chain.
+func (p *parser) errorf(table, key, format string, args ...any) {
+	loc := p.path
+	if line := locate(p.text, table, key); line > 0 {
+		loc = fmt.Sprintf("%s:%d", p.path, line)
+	}
+	name := table
+	if key != "" {
+		name += "." + key
+	}
+	p.errs = append(p.errs, fmt.Errorf("%s: %w: %s: %w", loc, ErrInvalid, name, fmt.Errorf(format, args...)))
+}
+
+func (p *parser) unknownKeys(table string, tbl map[string]any, known []string) {
+	keys := make([]string, 0, len(tbl))
+	for k := range tbl {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if slices.Contains(known, k) {
+			continue
+		}
+		hint := "known keys: " + strings.Join(known, ", ")
+		if s := closest(k, known); s != "" {
+			hint = fmt.Sprintf("did you mean %q? (%s)", s, hint)
+		}
+		if table == "" {
+			p.errorf(k, "", "unknown key; %s", hint)
+		} else {
+			p.errorf(table, k, "unknown key; %s", hint)
+		}
+	}
+}
+
+func (p *parser) redis() Redis {
+	r := Redis{
+		Addr:       strings.TrimSpace(p.str("redis", "addr")),
+		Username:   p.str("redis", "username"),
+		Password:   p.str("redis", "password"),
+		MasterName: p.str("redis", "master_name"),
+	}
+	r.DB, _ = p.integer("redis", "db", 0, 0)
+	r.TLS = p.boolean("redis", "tls")
+	r.Cluster = p.boolean("redis", "cluster")
+	if r.Addr != "" {
+		if err := checkAddr(r.Addr); err != nil {
+			p.errorf("redis", "addr", "%q: %w", r.Addr, err)
+		}
+	}
+	if r.Cluster && r.MasterName != "" {
+		p.errorf("redis", "cluster", "set either cluster = true or master_name (Sentinel), not both")
+	}
+	if (r.Cluster || r.MasterName != "") && r.Addr == "" {
+		p.errorf("redis", "addr", "Cluster and Sentinel need addr to list their nodes")
+	}
+	return r
+}
+
+func (p *parser) worker() Worker {
+	w := Worker{
+		MaxWait:         p.duration("worker", "max_wait", queue.DefaultMaxWait),
+		ShutdownTimeout: p.duration("worker", "shutdown_timeout", queue.DefaultShutdownTimeout),
+		Retention:       p.duration("worker", "retention", queue.DefaultRetention),
+	}
+	w.MaxRetry, _ = p.integer("worker", "max_retry", 1, queue.DefaultMaxRetry)
+	for key, d := range map[string]time.Duration{"max_wait": w.MaxWait, "shutdown_timeout": w.ShutdownTimeout, "retention": w.Retention} {
+		if d <= 0 {
+			p.errorf("worker", key, "%s: must be positive", d)
+		}
+	}
+	return w
+}
+
+func checkAddr(addr string) error {
+	if strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://") {
+		if _, err := url.Parse(addr); err != nil {
+			return fmt.Errorf("not a valid URL: %w", err)
+		}
+		return nil
+	}
+	for _, a := range strings.Split(addr, ",") {
+		a = strings.TrimSpace(a)
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("want host:port (e.g. 127.0.0.1:6379), a comma-separated list of them, or a redis:// URL; leave it empty for the embedded Redis")
+		}
+	}
+	return nil
+}
+
+func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
+	before := len(p.errs)
+	t := "vendors." + name
+	vd := Vendor{Name: name}
+	vd.BaseURL = p.str(t, "base_url")
+	if _, present := tbl["base_url"]; !present {
+		p.errorf(t, "", "base_url is required, e.g. base_url = \"https://api.%s.example\"", name)
+	} else if u, err := url.Parse(vd.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p.errorf(t, "base_url", "%q: want an absolute http:// or https:// URL", vd.BaseURL)
+	} else if u.RawQuery != "" || u.Fragment != "" {
+		p.errorf(t, "base_url", "%q: a base URL has no query or fragment; put them in each call's path", vd.BaseURL)
+	}
+	var ok bool
+	if _, present := tbl["rate"]; !present {
+		p.errorf(t, "", "rate is required: the calls the vendor allows per window, e.g. rate = 100")
+	} else if vd.Rate, ok = p.integer(t, "rate", 1, 0); !ok {
+		vd.Rate = 0
+	}
+	vd.Window = p.duration(t, "window", DefaultWindow)
+	if vd.Window <= 0 {
+		p.errorf(t, "window", "%s: a window must be positive, e.g. window = \"1s\"", vd.Window)
+	}
+	vd.Burst, _ = p.integer(t, "burst", 1, shaper.DefaultBurst)
+	vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)
+	if vd.Guard < 0 {
+		p.errorf(t, "guard", "%s must not be negative; 0 turns the jitter margin off", vd.Guard)
+	} else if vd.Window > 0 && vd.Guard >= vd.Window {
+		p.errorf(t, "guard", "%s must be shorter than the window %s (it is a margin for network jitter, typically a few ms)", vd.Guard, vd.Window)
+	}
+	vd.QueueLimit, _ = p.integer(t, "queue_limit", 0, DefaultQueueLimit)
+	vd.MaxInFlight, _ = p.integer(t, "max_in_flight", 0, 0)
+	vd.Concurrency, _ = p.integer(t, "concurrency", 0, 0)
+	vd.Timeout = p.duration(t, "timeout", vendorclients.DefaultTimeout)
+	if vd.Timeout <= 0 {
+		p.errorf(t, "timeout", "%s: must be positive, e.g. timeout = \"30s\"", vd.Timeout)
+	}
+	if vd.Rate > 0 && vd.Burst > vd.Rate {
+		p.errorf(t, "burst", "%d > rate %d: releasing %d calls on one tick would overrun the vendor's fixed window; set burst <= %d (1 spreads calls evenly)", vd.Burst, vd.Rate, vd.Burst, vd.Rate)
+	}
+	vd.Limits = p.limits(t, tbl["limits"], vd)
+	vd.UserAgent = p.str(t, "user_agent")
+	vd.MaxRetryAfter = p.duration(t, "max_retry_after", vendorclients.DefaultMaxRetryAfter)
+	if vd.MaxRetryAfter <= 0 {
+		p.errorf(t, "max_retry_after", "%s: must be positive, e.g. \"1h\"", vd.MaxRetryAfter)
+	}
+	// Absent adapt keys leave their field zero: shaper.Adapt's zero
+	// fields select its defaults, defined there only.
+	vd.Adapt.Decrease = p.fraction(t, "adapt_decrease", 0)
+	vd.Adapt.Increase = p.fraction(t, "adapt_increase", 0)
+	if vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 0); p.isSet(t, "adapt_quiet") && vd.Adapt.Quiet <= 0 {
+		p.errorf(t, "adapt_quiet", "%s: must be positive, e.g. \"10s\"", vd.Adapt.Quiet)
+	}
+	if raw, present := tbl["headers"]; present {
+		hm, ok := raw.(map[string]any)
+		if !ok {
+			p.errorf(t, "headers", "must be a table, e.g. headers = { Authorization = \"Bearer ${ACME_TOKEN}\" }")
+		}
+		vd.Headers = map[string]string{}
+		for k, val := range hm {
+			sv, ok := val.(string)
+			if !ok || strings.ContainsAny(sv, "\r\n") || k == "" || strings.ContainsAny(k, " :\r\n") {
+				p.errorf(t, "headers", "%q: header names are tokens and values quoted strings on one line", k)
+				continue
+			}
+			if strings.EqualFold(k, "Idempotency-Key") {
+				p.errorf(t, "headers", "Idempotency-Key is set by shaper from each call's id")
+				continue
+			}
+			vd.Headers[k] = sv
+		}
+	}
+	if len(p.errs) > before {
+		return Vendor{}, false
+	}
+	if err := vd.Policy().Validate(); err != nil { // belt and braces: the gate's own check
+		p.errorf(t, "", "%w", err)
+		return Vendor{}, false
+	}
+	return vd, true
+}
+
+func (p *parser) limits(t string, raw any, vd Vendor) []shaper.Limit {
+	if raw == nil {
+		return nil
+	}
+	list, ok := raw.([]any)
+	if !ok {
+		p.errorf(t, "limits", "must be an array of tables, e.g. limits = [ { rate = 5000, window = \"24h\" } ]")
+		return nil
+	}
+	var out []shaper.Limit
+	for i, item := range list {
+		m, ok := item.(map[string]any)
+		if !ok {
+			p.errorf(t, "limits", "item %d must be a table { rate = N, window = \"D\" }", i+1)
+			continue
+		}
+		for k := range m {
+			if !slices.Contains(limitKeys, k) {
+				p.errorf(t, "limits", "item %d: unknown key %q; a limit has rate and window", i+1, k)
+			}
+		}
+		rate, rok := m["rate"].(int64)
+		ws, wok := m["window"].(string)
+		if !rok || rate < 1 {
+			p.errorf(t, "limits", "item %d: rate = %v: want an integer >= 1", i+1, m["rate"])
+			continue
+		}
+		w, err := time.ParseDuration(ws)
+		if !wok || err != nil || w <= 0 {
+			p.errorf(t, "limits", "item %d: window = %v: want a positive duration string such as \"1m\" or \"24h\"", i+1, m["window"])
+			continue
+		}
+		if vd.Burst > int(rate) {
+			p.errorf(t, "burst", "%d > %d per %s (limits item %d): releasing %d calls at once would overrun that window; set burst <= %d", vd.Burst, rate, w, i+1, vd.Burst, rate)
+		}
+		if vd.Guard >= w {
+			p.errorf(t, "guard", "%s must be shorter than every window, and limits item %d has %s", vd.Guard, i+1, w)
+		}
+		out = append(out, shaper.Limit{Rate: int(rate), Window: w})
+	}
+	return out
+}
+
+// isSet reports whether table.key is in the file (or the environment).
+func (p *parser) isSet(table, key string) bool { return p.v.IsSet(table + "." + key) }
+
+func (p *parser) str(table, key string) string {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return ""
+	}
+	s, ok := p.v.Get(full).(string)
+	if !ok {
+		p.errorf(table, key, "%v: want a quoted string", p.v.Get(full))
+	}
+	return s
+}
+
+func (p *parser) boolean(table, key string) bool {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return false
+	}
+	b, ok := p.v.Get(full).(bool)
+	if !ok {
+		p.errorf(table, key, "%v: want true or false", p.v.Get(full))
+	}
+	return b
+}
+
+// integer reads an integer >= lo, or def when the key is absent.
+func (p *parser) integer(table, key string, lo, def int) (int, bool) {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return def, true
+	}
+	var n int64
+	switch x := p.v.Get(full).(type) {
+	case int64:
+		n = x
+	case int:
+		n = int64(x)
+	default:
+		p.errorf(table, key, "%v: want a whole number", x)
+		return def, false
+	}
+	if n < int64(lo) {
+		p.errorf(table, key, "%d: must be at least %d", n, lo)
+		return def, false
+	}
+	return int(n), true
+}
+
+// fraction reads a number in (0, 1), or def when absent.
+func (p *parser) fraction(table, key string, def float64) float64 {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return def
+	}
+	var f float64
+	switch x := p.v.Get(full).(type) {
+	case float64:
+		f = x
+	case int64:
+		f = float64(x)
+	default:
+		p.errorf(table, key, "%v: want a number between 0 and 1", x)
+		return def
+	}
+	if !(f > 0 && f < 1) {
+		p.errorf(table, key, "%v: want a number between 0 and 1 (exclusive)", f)
+		return def
+	}
+	return f
+}
+
+func (p *parser) duration(table, key string, def time.Duration) time.Duration {
+	full := table + "." + key
+	if !p.v.IsSet(full) {
+		return def
+	}
+	s, ok := p.v.Get(full).(string)
+	if !ok {
+		p.errorf(table, key, "%v: want a duration string such as \"1s\", \"250ms\" or \"1m\"", p.v.Get(full))
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		p.errorf(table, key, "%q: want a duration such as \"1s\", \"250ms\" or \"1m\"", s)
+		return def
+	}
+	return d
+}
