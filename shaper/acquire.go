@@ -40,9 +40,10 @@ func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
 }
 
 // AcquireWithin is Acquire for callers that must not hold a goroutine
-// through a long wait (a pause of an hour, a long backlog): when the next
-// chance to start is further away than maxWait, it returns no permit and
-// how long to wait before trying again. maxWait <= 0 means no bound.
+// through a long wait (a pause of an hour, a long backlog): when the gate
+// defers the caller for longer than maxWait, it returns no permit and how
+// long to wait before trying again. A granted tick is at most the policy's
+// Horizon away and is always waited out. maxWait <= 0 means no bound.
 func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)

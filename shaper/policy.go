@@ -122,9 +122,16 @@ func (p Policy) Tick() (interval time.Duration, burst int) {
 
 // WithRate returns the schedule of p with its primary limit lowered to rate
 // calls per primary window (never raised above the configured rate).
+//
+// A lowered rate only ever widens the configured tick: the reserve script
+// spaces by the configured tick of every live replica (it is what their
+// heartbeats carry) and by the lowered primary limit, so the result is the
+// wider of the two. TestLuaTickMatchesGo keeps this and the script equal.
 func (p Policy) WithRate(rate float64) (interval time.Duration, burst int) {
 	p = p.withDefaults()
-	return tickFor(p.Limits, p.Burst, p.Guard, rate)
+	configured, _ := tickFor(p.Limits, p.Burst, p.Guard, 0)
+	interval, burst = tickFor(p.Limits, p.Burst, p.Guard, rate)
+	return max(interval, configured), burst
 }
 
 // tickFor computes the tick for limits with the given burst and guard. If

@@ -57,9 +57,13 @@ func (c *Control) Replicas(ctx context.Context) ([]ReplicaTick, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shaper: replicas of %q: %w", b.name, err)
 	}
-	now, err := b.gate.rdb.Time(ctx).Result()
-	if err != nil {
-		return nil, fmt.Errorf("shaper: replicas of %q: %w", b.name, err)
+	nowUS := b.gate.redisNow()
+	if nowUS == 0 {
+		now, err := b.gate.rdb.Time(ctx).Result()
+		if err != nil {
+			return nil, fmt.Errorf("shaper: replicas of %q: %w", b.name, err)
+		}
+		nowUS = now.UnixMicro()
 	}
 	var out []ReplicaTick
 	for id, v := range all {
@@ -67,7 +71,7 @@ func (c *Control) Replicas(ctx context.Context) ([]ReplicaTick, error) {
 		if _, err := fmt.Sscanf(v, "%d|%d|%d", &iv, &burst, &seen); err != nil {
 			continue
 		}
-		if now.UnixMicro()-seen < replicaLive.Microseconds() {
+		if nowUS-seen < replicaLive.Microseconds() {
 			out = append(out, ReplicaTick{Replica: id, Interval: time.Duration(iv) * time.Microsecond, Burst: int(burst)})
 		}
 	}
