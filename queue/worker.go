@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -295,123 +294,6 @@ func (w *Worker) shutdown(rts []*vendorRuntime) {
 		})
 	}
 	wg.Wait()
-}
-
-// plan is a checked change of the vendor list, made before anything
-// changes.
-type plan struct {
-	added   []*vendorRuntime
-	changed map[string]*shaper.Bucket
-	vendors []Vendor
-	notes   []string
-}
-
-// Apply brings the worker to a new vendor list (a config reload): a
-// changed rate, window, burst, guard or limit applies to the next grant,
-// with no burst (the next tick is the last one plus the new interval);
-// added vendors start serving; removed ones stop taking calls (their
-// queued calls stay in Redis). Changes to base_url, headers, timeouts and
-// concurrency take effect when the worker restarts; Apply says so in its
-// notes. Apply checks everything and starts added vendors before it
-// changes anything: on error nothing changed. It returns ErrStopped once
-// Run has returned.
-func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
-	w.applyMu.Lock()
-	defer w.applyMu.Unlock()
-	p := &plan{changed: map[string]*shaper.Bucket{}, vendors: vendors}
-	w.mu.Lock()
-	current := maps.Clone(w.vendors)
-	w.mu.Unlock()
-	for _, v := range vendors {
-		rt, ok := current[v.Name]
-		if !ok {
-			nrt, err := w.newRuntime(v)
-			if err != nil {
-				return nil, err
-			}
-			p.added = append(p.added, nrt)
-			p.notes = append(p.notes, fmt.Sprintf("vendor %s added", v.Name))
-			continue
-		}
-		b, err := w.gate.Bucket(bucketName(v.Name), v.Policy)
-		if err != nil {
-			return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
-		}
-		p.changed[v.Name] = b
-		oldIv, oldBurst := rt.bucket().Policy().Tick()
-		newIv, newBurst := b.Policy().Tick()
-		if oldIv != newIv || oldBurst != newBurst {
-			p.notes = append(p.notes, fmt.Sprintf("vendor %s: tick %d every %s -> %d every %s", v.Name, oldBurst, oldIv, newBurst, newIv))
-		}
-		if v.BaseURL != rt.vendor.BaseURL || v.Timeout != rt.vendor.Timeout || v.Concurrency != rt.vendor.Concurrency ||
-			v.UserAgent != rt.vendor.UserAgent || !maps.Equal(v.Headers, rt.vendor.Headers) {
-			p.notes = append(p.notes, fmt.Sprintf("vendor %s: base_url, headers, user_agent, timeout and concurrency changes apply when the worker restarts", v.Name))
-		}
-	}
-	w.mu.Lock()
-	state := w.state
-	if state == notStarted {
-		defer w.mu.Unlock()
-		_, err := w.commitLocked(nil, p) // nothing to stop: no vendor was started
-		return p.notes, err
-	}
-	w.mu.Unlock()
-	if state == stopped {
-		return nil, ErrStopped
-	}
-	req := applyRequest{plan: p, reply: make(chan error, 1)}
-	select {
-	case w.applyc <- req:
-	case <-w.stopped:
-		return nil, ErrStopped
-	}
-	if err := <-req.reply; err != nil {
-		return nil, err
-	}
-	return p.notes, nil
-}
-
-// commit carries out a plan on the running worker, from Run's goroutine,
-// and returns the removed vendors, for Run to stop.
-func (w *Worker) commit(ctx context.Context, p *plan) ([]*vendorRuntime, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.commitLocked(ctx, p)
-}
-
-// commitLocked carries out p; w.mu is held. With a ctx (the worker runs)
-// added vendors are started first, and if one fails to start the others
-// are stopped and nothing changes. It returns the removed vendors.
-func (w *Worker) commitLocked(ctx context.Context, p *plan) ([]*vendorRuntime, error) {
-	if ctx != nil {
-		for i, rt := range p.added {
-			if err := w.start(ctx, rt); err != nil {
-				w.shutdown(p.added[:i])
-				return nil, err
-			}
-		}
-	}
-	keep := map[string]bool{}
-	for _, v := range p.vendors {
-		keep[v.Name] = true
-		if b, ok := p.changed[v.Name]; ok {
-			rt := w.vendors[v.Name]
-			rt.client.SetBucket(b) // the whole policy: limits, in-flight cap, adaptation
-			rt.vendor.Policy = v.Policy
-		}
-	}
-	for _, rt := range p.added {
-		w.vendors[rt.vendor.Name] = rt
-	}
-	var removed []*vendorRuntime
-	for name, rt := range w.vendors {
-		if !keep[name] {
-			delete(w.vendors, name)
-			removed = append(removed, rt)
-			p.notes = append(p.notes, fmt.Sprintf("vendor %s removed: its worker stops; queued calls stay in Redis", name))
-		}
-	}
-	return removed, nil
 }
 
 func replicaID() string {
