@@ -7,12 +7,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
@@ -122,24 +122,6 @@ func TestApplyAfterRun(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLogSaysBacklogNotPause queues more calls than max_wait covers on a
 // vendor that never answers 429: the worker pauses the vendor's asynq
 // queue and must say it is backlogged, never that the vendor paused.
@@ -147,7 +129,7 @@ func TestLogSaysBacklogNotPause(t *testing.T) {
 	e := newEnv(t)
 	vendor := &vendorsim.Vendor{Rate: 5, Window: time.Second}
 	name := e.vendor("backlog", policy(5), 0, vendor)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
