@@ -73,7 +73,10 @@ type Redis struct {
 // Embedded reports whether the config asks for the in-process Redis.
 func (r Redis) Embedded() bool { return r.Addr == "" }
 
-// Vendor is one vendor's table.
+// Vendor is one vendor's table, as the file writes it: the primary limit
+// as rate and window, header values with their ${NAME} references not yet
+// expanded (secrets are read only by workers, at start). Vendor.Queue
+// turns it into the one shape the other packages take, queue.Vendor.
 type Vendor struct {
 	Name        string
 	BaseURL     string
