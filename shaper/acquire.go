@@ -48,6 +48,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
+	returning := false
 	for {
 		select {
 		case l.asking <- struct{}{}:
@@ -55,7 +56,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			return nil, 0, ctx.Err()
 		}
 		sent := clock.Now()
-		r, err := b.reserve(ctx)
+		r, err := b.reserveAgain(ctx, returning)
 		recv := clock.Now()
 		<-l.asking
 		if err != nil {
@@ -72,6 +73,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			if err := clock.Sleep(ctx, wait); err != nil {
 				return nil, 0, err
 			}
+			returning = r.reason != inFlightFull
 			continue
 		}
 		// Redis read its clock somewhere between sent and recv, so the tick

@@ -75,13 +75,26 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 		return fmt.Errorf("shaper: set the rate of %q to %v: the rate must be positive", b.name, rate)
 	}
 	rate = min(rate, c.configured())
-	err := b.gate.rdb.HSet(ctx, b.keys.control, "rate", strconv.FormatFloat(rate, 'f', -1, 64),
-		"rate_reason", reason, "rate_source", source).Err()
+	err := setRateScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(),
+		strconv.FormatFloat(rate, 'f', -1, 64), reason, source, b.keep.Microseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("shaper: set the rate of %q: %w", b.name, err)
 	}
 	return nil
 }
+
+// setRateScript sets the effective rate.
+//
+// KEYS[1] control hash.
+// ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] rate, ARGV[3]
+// reason, ARGV[4] source, ARGV[5] keep (µs): the hash lives at least this
+// long (every grant extends it). Returns 0.
+var setRateScript = redis.NewScript(nowLua + spacingLua + `
+local now = now_us()
+redis.call('HSET', KEYS[1], 'rate', ARGV[2], 'rate_reason', ARGV[3], 'rate_source', ARGV[4])
+extend(KEYS[1], now + tonumber(ARGV[5]), now)
+return 0
+`)
 
 // ClearRate restores the configured rate.
 func (c *Control) ClearRate(ctx context.Context) error {
@@ -117,10 +130,12 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 // KEYS[1] control hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] configured rate,
 // ARGV[3] decrease factor (0..1), ARGV[4] floor rate, ARGV[5] cooldown
-// (µs), ARGV[6] reason.
+// (µs), ARGV[6] reason, ARGV[7] keep (µs): the hash lives at least this
+// long.
 // Returns the effective rate after the call, as a string.
-var lowerScript = redis.NewScript(nowLua + `
+var lowerScript = redis.NewScript(nowLua + spacingLua + `
 local now = now_us()
+extend(KEYS[1], now + tonumber(ARGV[7]), now)
 local c = redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo')
 redis.call('HSET', KEYS[1], 'last_throttle', string.format('%d', now))
 local cur = tonumber(c[1]) or tonumber(ARGV[2])
@@ -147,7 +162,7 @@ func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error)
 	a := b.policy.Adapt.withDefaults()
 	cooldown := b.policy.Limits[0].Window + b.policy.Guard
 	s, err := lowerScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), c.configured(), a.Decrease,
-		c.configured()*a.Floor, cooldown.Microseconds(), reason).Text()
+		c.configured()*a.Floor, cooldown.Microseconds(), reason, b.keep.Microseconds()).Text()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: lower the rate of %q: %w", b.name, err)
 	}

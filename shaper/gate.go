@@ -1,7 +1,10 @@
 package shaper
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -17,15 +20,20 @@ type Config struct {
 	// is the authority for ticks: the clock only measures waits, so
 	// processes with skewed clocks agree.
 	Clock Clock
+	// Replica names this process among those granted ticks of a bucket,
+	// whose configured ticks the gate compares during a rolling config
+	// edit; default host:pid:random.
+	Replica string
 }
 
 // Gate grants ticks for any number of buckets, sharing each bucket's
 // schedule with every other Gate on the same Redis. It is safe for
 // concurrent use.
 type Gate struct {
-	rdb    redis.UniversalClient
-	prefix string
-	clock  Clock
+	rdb     redis.UniversalClient
+	prefix  string
+	clock   Clock
+	replica string
 
 	mu     sync.Mutex
 	active map[string]*local // buckets with callers in this process
@@ -36,7 +44,10 @@ type Gate struct {
 
 // NewGate returns a gate on rdb. The gate never closes rdb.
 func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
-	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, active: map[string]*local{}}
+	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, replica: cfg.Replica, active: map[string]*local{}}
+	if g.replica == "" {
+		g.replica = replicaID()
+	}
 	if g.prefix == "" {
 		g.prefix = DefaultKeyPrefix
 	}
@@ -50,29 +61,37 @@ func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
 // cheap: make a new one when the policy changes; the state lives in Redis.
 type Bucket struct {
 	gate     *Gate
-	name     string
+	name     string // unique among the gate's buckets: "group" or "group/bucket"
+	member   string // the bucket's name in its group's sets ("" for a group of one)
 	policy   Policy
 	interval time.Duration
 	burst    int
+	keep     time.Duration // how long the state outlives its last tick: longest window + guard
+	total    *totalTick    // the group's total limit, if any
 	keys     bucketKeys
 }
 
-// Bucket returns the handle of bucket name shaped by p, or an error naming
-// what is wrong with either.
+// Bucket returns the handle of a bucket of its own (a group of one, with
+// no total) shaped by p, or an error naming what is wrong with either.
 func (g *Gate) Bucket(name string, p Policy) (*Bucket, error) {
-	if err := checkBucket(name); err != nil {
+	grp, err := g.Group(name, nil)
+	if err != nil {
 		return nil, err
 	}
-	if err := p.Validate(); err != nil {
-		return nil, fmt.Errorf("shaper: bucket %q: %w", name, err)
-	}
-	p = p.withDefaults()
-	iv, burst := p.Tick()
-	return &Bucket{gate: g, name: name, policy: p, interval: iv, burst: burst, keys: keysOf(g.prefix, name)}, nil
+	return grp.bucket("", p)
 }
 
-// Name returns the bucket's name.
+// Name returns the bucket's name: the group's, or "group/bucket".
 func (b *Bucket) Name() string { return b.name }
 
 // Policy returns the bucket's policy with defaults applied.
 func (b *Bucket) Policy() Policy { return b.policy }
+
+// replicaID names this process: host, pid and a random part (two gates in
+// one process are two replicas).
+func replicaID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

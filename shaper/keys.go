@@ -8,16 +8,18 @@ import (
 // DefaultKeyPrefix is the prefix of every key the gate writes.
 const DefaultKeyPrefix = "shaper"
 
-// Every key of one bucket carries the bucket name as a Redis Cluster hash
-// tag, so that one script can touch all of them: shaper:{acme}:gate. The
-// keys a script uses are listed in its comment, in this order.
+// Every key of a group carries the group's name as a Redis Cluster hash
+// tag, so that one script can touch a bucket's keys and its group's:
+// shaper:{acme}:gate for the bucket of a group of one, and
+// shaper:{shop}:acct:store-42:gate for a bucket in a group. The keys a
+// script uses are listed in its comment, in this order.
 type bucketKeys struct {
 	// gate is a hash with the last reserved tick ("last", Redis-time
 	// µs), the grants made on it ("n") and the moment the last caller
 	// deferred beyond the horizon was told to come back ("defer_at"). It
-	// has no TTL: its absence means the state was lost (or never existed),
-	// and the gate then waits out the reservation horizon before its first
-	// grant.
+	// expires once no tick it granted can still fall in a vendor window
+	// (see keep); its absence with the group's epoch present and no live
+	// entry in the group's expiry set means it expired after idle.
 	gate string
 	// control is a hash of what adaptation sets: "paused_until" (µs) and
 	// "pause_reason"; the effective "rate" (calls per primary window, below
@@ -25,38 +27,74 @@ type bucketKeys struct {
 	// state "hi" (rate that last failed), "lo" (rate that last stayed
 	// quiet), "last_throttle", "last_decrease" and "last_change" (µs).
 	control string
-	// stats is a hash of counters: "granted", "deferred", "late",
+	// stats is the group's hash of counters: "granted", "deferred", "late",
 	// "dropped" (ticks given up because a pause began), "pauses", "resets",
 	// "rate_limited", and per-clock-minute slots (see minuteCounterLua).
+	// One per group: counters do not grow with buckets.
 	stats string
 	// inFlight is a sorted set of in-flight leases scored by their expiry
 	// (µs).
 	inFlight string
-	// replicas is a hash of live processes' configured ticks: replica id
-	// -> "interval_µs|burst|seen_µs".
+	// replicas is a hash of processes' configured ticks for this bucket,
+	// written with every grant: replica id -> "interval_µs|burst|seen_µs".
 	replicas string
+
+	// Group-level keys.
+
+	// epoch is a string set once per group and never expired: a bucket
+	// state missing while the epoch exists expired after idle; with the
+	// epoch missing too, Redis lost data.
+	epoch string
+	// expiry is a sorted set of the group's buckets scored by the moment
+	// their state may expire (µs); an entry still in the future while the
+	// state is missing means the state was lost.
+	expiry string
+	// total is a hash with the group's total-limit state ("last", "n") and
+	// the fair share of it ("share", calls per total window, and
+	// "share_at", when it was computed).
+	total string
+	// slots is a ring bitmap of the total's ticks over the horizon: bit
+	// j mod ring is set when the tick at j total intervals is granted.
+	slots string
+	// asking is a sorted set of the group's buckets with waiting callers,
+	// scored by the moment they stop counting as such (µs).
+	asking string
+	// rates is a hash of the asking buckets' own rates, in calls per total
+	// window, for the fair share.
+	rates string
 }
 
-func keysOf(prefix, bucket string) bucketKeys {
-	k := func(name string) string { return prefix + ":{" + bucket + "}:" + name }
-	return bucketKeys{gate: k("gate"), control: k("ctl"), stats: k("stats"), inFlight: k("inflight"), replicas: k("replicas")}
+func keysOf(prefix, group, bucket string) bucketKeys {
+	g := func(name string) string { return prefix + ":{" + group + "}:" + name }
+	b := g
+	if bucket != "" {
+		b = func(name string) string { return prefix + ":{" + group + "}:acct:" + bucket + ":" + name }
+	}
+	return bucketKeys{
+		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
+		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"),
+	}
 }
 
 // all lists every key, in the order the reserve and stats scripts take.
 func (k bucketKeys) all() []string {
-	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas}
+	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates, k.slots}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.
 func pauseChannel(prefix string) string { return prefix + ":pauses" }
 
-// checkBucket rejects names that would break the key scheme.
-func checkBucket(bucket string) error {
-	if bucket == "" {
-		return fmt.Errorf("shaper: empty bucket name")
+// checkName rejects group and bucket names that would break the key
+// scheme.
+func checkName(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("shaper: empty %s name", what)
 	}
-	if strings.ContainsAny(bucket, "{}") {
-		return fmt.Errorf("shaper: bucket name %q must not contain '{' or '}' (they delimit the Redis Cluster hash tag)", bucket)
+	if strings.ContainsAny(name, "{}") {
+		return fmt.Errorf("shaper: %s name %q must not contain '{' or '}' (they delimit the Redis Cluster hash tag)", what, name)
+	}
+	if strings.ContainsAny(name, "|\x00\r\n ") {
+		return fmt.Errorf("shaper: %s name %q must not contain '|', spaces or control characters", what, name)
 	}
 	return nil
 }

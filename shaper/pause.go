@@ -15,12 +15,12 @@ import (
 // KEYS[1] control hash, KEYS[2] stats hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] pause length (µs)
 // from Redis now, ARGV[3] reason, ARGV[4] pause channel, ARGV[5] bucket
-// name.
+// name, ARGV[6] keep (µs): the control hash outlives the pause by this.
 // Returns the pause remaining (µs): the longer of the existing pause and
 // the new one. A pause only ever extends. A new or longer pause is
 // published as "<bucket>|<µs remaining>" so that watching gates drop the
 // ticks their callers were granted before it.
-var pauseScript = redis.NewScript(nowLua + `
+var pauseScript = redis.NewScript(nowLua + spacingLua + `
 local now = now_us()
 local untilv = now + tonumber(ARGV[2])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0
@@ -30,6 +30,7 @@ if untilv > cur then
   redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. string.format('%d', untilv - now))
   cur = untilv
 end
+extend(KEYS[1], cur + tonumber(ARGV[6]), now)
 return math.max(cur - now, 0)
 `)
 
@@ -43,7 +44,7 @@ func (c *Control) Pause(ctx context.Context, d time.Duration, reason string) (ti
 		return 0, fmt.Errorf("shaper: pause %q for %s: a pause must not be negative", b.name, d)
 	}
 	left, err := pauseScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats}, b.gate.redisNow(),
-		d.Microseconds(), reason, pauseChannel(b.gate.prefix), b.name).Int64()
+		d.Microseconds(), reason, pauseChannel(b.gate.prefix), b.name, b.keep.Microseconds()).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: pause %q: %w", b.name, err)
 	}

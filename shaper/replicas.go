@@ -18,9 +18,10 @@ const replicaForget = time.Minute
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] replica id, ARGV[3]
 // interval (µs), ARGV[4] burst, ARGV[5] replicaForget (µs).
 // Returns 0.
-var heartbeatScript = redis.NewScript(nowLua + `
+var heartbeatScript = redis.NewScript(nowLua + spacingLua + `
 local now = now_us()
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3] .. '|' .. ARGV[4] .. '|' .. string.format('%d', now))
+extend(KEYS[1], now + tonumber(ARGV[5]), now)
 local all = redis.call('HGETALL', KEYS[1])
 for i = 2, #all, 2 do
   local seen = tonumber(string.match(all[i], '|(%d+)$'))

@@ -32,14 +32,43 @@ type reservation struct {
 	lease  string
 }
 
-// replicaLive is how long a replica's heartbeat counts: a replica not
-// heard from for longer no longer shapes the bucket.
+// replicaLive is how long a replica's configured tick counts: a replica
+// that has not been granted a tick of the bucket for longer no longer
+// shapes it.
 const replicaLive = 5 * time.Second
 
-// reserveScript reserves the next tick of one bucket.
+// maxRing bounds the ring of a group total's slots (bits): totals whose
+// horizon holds more ticks are a line of ticks instead.
+const maxRing = 1 << 16
+
+// maxLog bounds a bucket's log of its last ticks (see the reserve script).
+const maxLog = 64
+
+// spacingLua defines spacing(rate, burst, span): the tick interval (µs)
+// and burst that release rate calls per window of span µs (window +
+// guard) — the rule of tickFor in policy.go, which TestLuaTickMatchesGo
+// keeps equal — and extend(key, until, now): the key expires no sooner
+// than until (µs).
+const spacingLua = `
+local function spacing(rate, b, span)
+  b = math.max(1, math.min(b, math.floor(rate)))
+  local k = rate / b
+  if k >= 1 then k = math.floor(k) end
+  return math.ceil(span / k), b
+end
+local function extend(key, untilv, now)
+  local ms = math.ceil((untilv - now) / 1000) + 1
+  local t = redis.call('PTTL', key)
+  if t == -1 or (t >= 0 and t < ms) then redis.call('PEXPIRE', key, ms) end
+end
+`
+
+// reserveScript reserves the next tick of one bucket, and of its group's
+// total when it has one.
 //
-// KEYS[1] gate hash, KEYS[2] control hash, KEYS[3] stats hash,
-// KEYS[4] in-flight sorted set, KEYS[5] replicas hash (see keys.go).
+// KEYS: the bucket's gate, control, group stats, in-flight and replicas
+// keys, then the group's epoch, expiry, total, asking and rates keys (see
+// keys.go).
 // ARGV[1] Redis time override (µs; 0: TIME), see nowLua
 // ARGV[2] tick interval (µs) of the caller's policy
 // ARGV[3] burst of the caller's policy
@@ -48,19 +77,31 @@ const replicaLive = 5 * time.Second
 // ARGV[6] lease TTL (µs), counted from the tick
 // ARGV[7] lease id ("" without a cap)
 // ARGV[8] the primary limit's window + guard (µs), to space a lowered rate
-// ARGV[9] replica liveness (µs): heartbeats older than this do not count
+// ARGV[9] replica liveness (µs): configured ticks older than this do not count
+// ARGV[10] keep (µs): how long the state outlives its last tick
+// ARGV[11] the bucket's name in its group ("" for a group of one)
+// ARGV[12] the caller's replica id ("" for none)
+// ARGV[13] the group's total interval (µs; 0: no total), ARGV[14] its
+// burst, ARGV[15] its window + guard (µs), ARGV[16] its rate (calls per
+// total window), ARGV[17] the bucket's own rate in calls per total window
 // Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
 // from Redis now to the tick; when not, the time before asking again and
 // reason says why (see deferReason).
-var reserveScript = redis.NewScript(nowLua + minuteCounterLua + `
+var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + `
 local now = now_us()
 local interval = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local maxif = tonumber(ARGV[5])
+local keep = tonumber(ARGV[10])
+local member = ARGV[11]
+local tiv = tonumber(ARGV[13])
 
--- While live replicas disagree on the config (a rolling edit), the most
--- conservative tick wins.
+-- While replicas disagree on the config (a rolling edit), the most
+-- conservative tick among those granted one lately wins.
+if ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[5], ARGV[12], ARGV[2] .. '|' .. ARGV[3] .. '|' .. string.format('%d', now))
+end
 local peers = redis.call('HGETALL', KEYS[5])
 for i = 2, #peers, 2 do
   local iv, b, seen = string.match(peers[i], '^(%d+)|(%d+)|(%d+)$')
@@ -74,45 +115,191 @@ local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate')
 local paused = tonumber(ctl[1]) or 0
 local rate = tonumber(ctl[2])
 if rate and rate > 0 then
-  -- The primary limit lowered to rate calls per window: the same rule
-  -- as tickFor in policy.go (TestLuaTickMatchesGo keeps them equal).
-  local b = math.max(1, math.min(burst, math.floor(rate)))
-  local k = rate / b
-  if k >= 1 then k = math.floor(k) end
-  local iv = math.ceil(tonumber(ARGV[8]) / k)
+  local iv, b = spacing(rate, burst, tonumber(ARGV[8]))
   if iv > interval then interval = iv end
   burst = b
 end
 
-local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at')
+-- The fair share of the group's total among its buckets with waiting
+-- callers (max-min: water-filling), recomputed at most every 250 ms.
+local tburst = tonumber(ARGV[14])
+local fair = 0 -- µs per call at the bucket's fair share (0: the total does not bind)
+if tiv > 0 and member ~= '' then
+  redis.call('ZADD', KEYS[9], now + math.max(2 * interval, 1000000), member)
+  redis.call('HSET', KEYS[10], member, ARGV[17])
+  local sh = redis.call('HMGET', KEYS[8], 'share', 'share_at')
+  local share = tonumber(sh[1])
+  if share == nil or now - (tonumber(sh[2]) or 0) > 250000 then
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[9], '-inf', now, 'LIMIT', 0, 1000)
+    for i = 1, #gone, 500 do
+      redis.call('HDEL', KEYS[10], unpack(gone, i, math.min(i + 499, #gone)))
+    end
+    if #gone > 0 then redis.call('ZREM', KEYS[9], unpack(gone)) end
+    local asking = redis.call('ZRANGEBYSCORE', KEYS[9], now, '+inf')
+    local rates = {}
+    for i = 1, #asking, 500 do
+      local part = redis.call('HMGET', KEYS[10], unpack(asking, i, math.min(i + 499, #asking)))
+      for _, r in ipairs(part) do rates[#rates + 1] = tonumber(r) or 0 end
+    end
+    table.sort(rates)
+    local left = tonumber(ARGV[16])
+    share = 0 -- 0: the total does not bind
+    for i, r in ipairs(rates) do
+      local rest = #rates - i + 1
+      if r * rest > left then share = left / rest break end
+      left = left - r
+    end
+    redis.call('HSET', KEYS[8], 'share', tostring(share), 'share_at', string.format('%d', now))
+    extend(KEYS[9], now + 2000000 + keep, now)
+    extend(KEYS[10], now + 2000000 + keep, now)
+  end
+  if share > 0 and share < tonumber(ARGV[17]) then
+    fair = math.ceil(tonumber(ARGV[15]) / share)
+  end
+end
+
+-- A missing state expired after idle (its ticks are all older than a
+-- window) or was lost (Redis restarted empty, failed over, evicted): the
+-- group's epoch and expiry set tell which. Ticks granted before a loss
+-- reach at most now + horizon, so the next tick comes an interval later.
+local epoch = redis.call('EXISTS', KEYS[6]) == 1
+if not epoch then redis.call('SET', KEYS[6], string.format('%d', now)) end
+local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log')
 local last = tonumber(st[1])
 local n = tonumber(st[2]) or 0
-local deferred = 1
+local reason = 1
 if last == nil then
-  -- First use, or the state was lost with ticks still reserved; those
-  -- reach at most now + horizon, so the next tick comes an interval later.
-  last = now + horizon
-  n = burst
-  deferred = 3
-  redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n)
-  redis.call('HINCRBY', KEYS[3], 'resets', 1)
+  local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
+  if not epoch or (exp and exp > now) then
+    last = now + horizon
+    n = burst
+    reason = 3
+    redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n)
+    redis.call('HINCRBY', KEYS[3], 'resets', 1)
+  end
 end
-local tick
-if last >= now and last >= paused and n < burst then
-  tick = last
-  n = n + 1
+-- The total: ticks one total interval apart. In slot mode (ARGV[18] > 0)
+-- they are slots of a ring bitmap over the horizon, so that a bucket's
+-- tick can take any free slot, and ticks reserved ahead by other buckets
+-- leave no unused gaps; otherwise (very high totals) a line, like a
+-- bucket's own ticks.
+local ring = tonumber(ARGV[18])
+local tlast, tn, blocked = nil, 0, 0
+if tiv > 0 then
+  local ts = redis.call('HMGET', KEYS[8], 'last', 'n', 'cleared', 'blocked')
+  tlast = tonumber(ts[1])
+  tn = tonumber(ts[2]) or 0
+  blocked = tonumber(ts[4]) or 0
+  if not epoch then
+    -- Lost with the group: the total's ticks reach at most now + horizon.
+    blocked = now + horizon
+    redis.call('DEL', KEYS[11])
+    redis.call('HSET', KEYS[8], 'blocked', string.format('%d', blocked))
+    if tlast == nil then tlast = blocked; tn = tburst end
+    reason = 3
+  end
+  if ring > 0 then
+    if redis.call('EXISTS', KEYS[11]) == 0 then redis.call('SETBIT', KEYS[11], ring - 1, 0) end
+    local cur = math.floor(now / tiv)
+    local cleared = tonumber(ts[3]) or (cur - 1)
+    if cur - 1 - cleared >= ring then cleared = cur - 1 - ring end
+    for j = cleared + 1, cur - 1 do redis.call('SETBIT', KEYS[11], j % ring, 0) end
+    redis.call('HSET', KEYS[8], 'cleared', string.format('%d', cur - 1))
+  end
+end
+
+-- The earliest free total slot at or after t (beyond the horizon if none).
+local function freeSlot(t)
+  local j = math.ceil(math.max(t, blocked + tiv) / tiv)
+  local limit = math.floor((now + horizon) / tiv)
+  while j <= limit do
+    local pos = j % ring
+    local span = math.min(ring - 1 - pos, limit - j)
+    local p = redis.call('BITPOS', KEYS[11], 0, pos, pos + span, 'BIT')
+    if p >= 0 and p <= pos + span then return (j + p - pos) * tiv end
+    j = j + span + 1
+  end
+  return (limit + 1) * tiv
+end
+
+-- The earliest tick at or after t that a bucket whose last tick is l,
+-- granted c times, allows.
+local function earliest(l, c, iv, b, t)
+  if l == nil then return t end
+  if t <= l then
+    if c < b then return l end
+    return l + iv
+  end
+  if t >= l + iv then return t end
+  return l + iv
+end
+-- In a group with a total, a bucket keeps its own pace: a virtual time vt
+-- one pace apart per call (its fair share's interval, or its own), rather
+-- than spacing from its actual ticks, so that a tick the total pushed
+-- later does not slow it down further. Its own limit then holds by a log
+-- of its last k ticks (k = ticks per window): a new tick comes at least a
+-- window + guard after the k-th last one, which keeps at most k ticks in
+-- any window (G1) while letting a pushed bucket catch up. The log is used
+-- while nothing (a lowered rate, a slower replica) widened the tick and k
+-- is small; otherwise the spacing rule holds.
+local k = tonumber(ARGV[19])
+local logt = {}
+if k > 0 and interval == tonumber(ARGV[2]) and burst == tonumber(ARGV[3]) then
+  for x in string.gmatch(st[5] or '', '%d+') do logt[#logt + 1] = tonumber(x) end
 else
-  tick = math.max(now, last + interval, paused)
-  n = 1
+  k = 0
 end
+local function earliestOwn(t)
+  if k == 0 then return earliest(last, n, interval, burst, t) end
+  if last ~= nil and t <= last and n < burst then return last end
+  local c = t
+  if last ~= nil and c <= last then c = last + 1 end
+  if #logt >= k then c = math.max(c, logt[k] + tonumber(ARGV[8])) end
+  return c
+end
+local vt = nil
+local tick = math.max(now, paused)
+if tiv > 0 then
+  local pace = math.floor(interval / burst)
+  if fair > pace then pace = fair end
+  vt = math.max(now, (tonumber(st[4]) or 0) + pace)
+  tick = math.max(tick, vt)
+end
+for _ = 1, 8 do
+  local a = earliestOwn(tick)
+  local b = a
+  if tiv > 0 and ring > 0 then
+    b = freeSlot(a)
+  elseif tiv > 0 then
+    b = earliest(tlast, tn, tiv, tburst, math.max(a, blocked))
+  end
+  tick = b
+  if b == a then break end
+end
+
+local function keepAlive(untilv)
+  extend(KEYS[1], untilv, now)
+  extend(KEYS[5], untilv, now)
+  if redis.call('EXISTS', KEYS[2]) == 1 then extend(KEYS[2], math.max(untilv, paused + keep), now) end
+  redis.call('ZADD', KEYS[7], untilv, member)
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+  extend(KEYS[7], untilv, now)
+end
+
 if tick - now > horizon then
   -- Give each deferred caller its own moment to come back, one tick
   -- apart, so that a crowd beyond the horizon polls once per tick in
   -- the order it arrived, not all at once.
-  local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
-  redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
+  -- A caller coming back from a deferral has had its turn: it comes back
+  -- again when its tick is near, not behind the whole line.
+  local at = math.max(tick - horizon, now + math.floor(interval / (2 * burst)))
+  if ARGV[20] ~= '1' then
+    at = math.max(at, (tonumber(st[3]) or 0) + math.floor(interval / burst))
+    redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
+  end
+  keepAlive(math.max(at, last or 0) + keep)
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
-  return {0, at - now, deferred}
+  return {0, at - now, reason}
 end
 if maxif > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
@@ -120,24 +307,69 @@ if maxif > 0 then
     redis.call('HINCRBY', KEYS[3], 'deferred', 1)
     return {0, math.max(interval, 5000), 2}
   end
-  redis.call('ZADD', KEYS[4], string.format('%d', tick + tonumber(ARGV[6])), ARGV[7])
+  local lease = tick + tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[4], string.format('%d', lease), ARGV[7])
+  extend(KEYS[4], lease, now)
 end
-redis.call('HSET', KEYS[1], 'last', string.format('%d', tick), 'n', n)
+if tick == last then
+  n = n + 1
+else
+  n = 1
+  if k > 0 then
+    table.insert(logt, 1, tick)
+    while #logt > k do table.remove(logt) end
+  end
+end
+local fields = {'last', string.format('%d', tick), 'n', n, 'vt', string.format('%d', vt or tick)}
+if k > 0 then
+  local parts = {}
+  for i, x in ipairs(logt) do parts[i] = string.format('%d', x) end
+  fields[#fields + 1] = 'log'
+  fields[#fields + 1] = table.concat(parts, ',')
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+keepAlive(math.max(tick, tonumber(st[3]) or 0) + keep)
+if tiv > 0 then
+  if tick == tlast then tn = tn + 1 else tn = 1 end
+  redis.call('HSET', KEYS[8], 'last', string.format('%d', math.max(tick, tlast or 0)), 'n', tn)
+  extend(KEYS[8], tick + keep, now)
+  if ring > 0 then
+    redis.call('SETBIT', KEYS[11], math.floor(tick / tiv) % ring, 1)
+    extend(KEYS[11], tick + keep, now)
+  end
+end
 count(KEYS[3], 'granted', now)
 return {1, tick - now, 0}
 `)
 
 // reserve asks for the next tick in one Redis round trip. Being deferred
 // is not an error: errors mean Redis failed.
-func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
+func (b *Bucket) reserve(ctx context.Context) (reservation, error) { return b.reserveAgain(ctx, false) }
+
+// reserveAgain is reserve; returning says the caller comes back from a
+// deferral (it has had its turn in the line of deferred callers).
+func (b *Bucket) reserveAgain(ctx context.Context, returning bool) (reservation, error) {
 	var lease string
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
 	}
+	var tiv, tburst, tspan, ring, k int64
+	var trate, own float64
+	if t := b.total; t != nil {
+		tiv, tburst, tspan, trate = t.interval.Microseconds(), int64(t.burst), t.span.Microseconds(), t.rate
+		own = EffectiveRate(b.interval, b.burst, t.window)
+		if n := (b.policy.Horizon+t.interval-1)/t.interval + 4; t.burst == 1 && n <= maxRing {
+			ring = int64(n)
+		}
+		if per := int64(b.policy.Limits[0].Rate / b.burst); len(b.policy.Limits) == 1 && per <= maxLog {
+			k = per
+		}
+	}
 	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.all(), b.gate.redisNow(),
 		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
 		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
-		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds()).Int64Slice()
+		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
+		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, returningArg(returning)).Int64Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)
 	}
@@ -185,4 +417,11 @@ func newLeaseID() string {
 	var buf [12]byte
 	_, _ = rand.Read(buf[:])
 	return hex.EncodeToString(buf[:])
+}
+
+func returningArg(returning bool) string {
+	if returning {
+		return "1"
+	}
+	return "0"
 }

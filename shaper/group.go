@@ -1,0 +1,77 @@
+package shaper
+
+import (
+	"fmt"
+	"time"
+)
+
+// Group is a set of buckets that share a Redis Cluster hash tag and, if it
+// has one, a total limit over all of them (a vendor, whose accounts each
+// have a bucket). While the total binds, the buckets with waiting callers
+// share it max-min fairly: a bucket whose own rate is below its share
+// gets its rate, and the rest is divided evenly among the others.
+type Group struct {
+	gate  *Gate
+	name  string
+	total *totalTick
+}
+
+// totalTick is a group's total limit as the reserve script takes it.
+type totalTick struct {
+	interval time.Duration
+	burst    int
+	span     time.Duration // primary window + guard
+	rate     float64       // calls per primary window, after guard
+	window   time.Duration
+}
+
+// Group returns the handle of group name; total, when not nil, is a limit
+// over all of its buckets together (only its Limits, Burst and Guard
+// matter).
+func (g *Gate) Group(name string, total *Policy) (*Group, error) {
+	if err := checkName("group", name); err != nil {
+		return nil, err
+	}
+	grp := &Group{gate: g, name: name}
+	if total != nil {
+		if err := total.Validate(); err != nil {
+			return nil, fmt.Errorf("shaper: group %q: total: %w", name, err)
+		}
+		t := total.withDefaults()
+		iv, burst := t.Tick()
+		grp.total = &totalTick{interval: iv, burst: burst, span: t.Limits[0].Window + t.Guard,
+			rate: EffectiveRate(iv, burst, t.Limits[0].Window), window: t.Limits[0].Window}
+	}
+	return grp, nil
+}
+
+// Bucket returns the handle of bucket name of the group, shaped by p and by
+// the group's total.
+func (grp *Group) Bucket(name string, p Policy) (*Bucket, error) {
+	if err := checkName("bucket", name); err != nil {
+		return nil, err
+	}
+	return grp.bucket(name, p)
+}
+
+func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
+	full := grp.name
+	if name != "" {
+		full += "/" + name
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("shaper: bucket %q: %w", full, err)
+	}
+	p = p.withDefaults()
+	iv, burst := p.Tick()
+	var keep time.Duration
+	for _, l := range p.Limits {
+		keep = max(keep, l.Window)
+	}
+	if grp.total != nil {
+		keep = max(keep, grp.total.window)
+	}
+	keep += p.Guard
+	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep,
+		total: grp.total, keys: keysOf(grp.gate.prefix, grp.name, name)}, nil
+}

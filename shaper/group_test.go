@@ -1,0 +1,183 @@
+package shaper
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/windows"
+)
+
+// waitGone polls until key no longer exists (it expires in Redis time).
+func waitGone(t *testing.T, r *replica, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.rdb.Exists(context.Background(), key).Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never expired (TTL %s)", key, r.rdb.PTTL(context.Background(), key).Val())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestStateExpiresAfterIdle: a bucket's state expires once no tick it
+// granted can still fall in a window, and its next caller is granted at
+// once (no horizon wait); a state that goes missing while it should still
+// be there (lost) is treated as a reset.
+func TestStateExpiresAfterIdle(t *testing.T) {
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	ctx := context.Background()
+	b, err := r.gate.Bucket("acme", Policy{Limits: []Limit{{Rate: 10, Window: 100 * time.Millisecond}}, Guard: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.reserve(ctx)
+	if err != nil || first.ok || first.reason != stateReset {
+		t.Fatalf("first use: %+v, %v; want a state reset (no epoch yet)", first, err)
+	}
+	if _, err := b.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := r.rdb.PTTL(ctx, b.keys.gate).Val(); ttl <= 0 || ttl > time.Second {
+		t.Fatalf("gate key TTL %s: want about a window and a guard after its last tick", ttl)
+	}
+	waitGone(t, r, b.keys.gate)
+	again, err := b.reserve(ctx)
+	if err != nil || !again.ok || again.wait > 5*time.Millisecond {
+		t.Fatalf("after idle: %+v, %v; want granted at once", again, err)
+	}
+	// Lost: the state vanishes while its expiry entry says it should live.
+	if err := r.rdb.Del(ctx, b.keys.gate).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lost, err := b.reserve(ctx)
+	if err != nil || lost.ok || lost.reason != stateReset {
+		t.Fatalf("after a loss: %+v, %v; want a state reset", lost, err)
+	}
+	st, _ := b.Stats(ctx)
+	if st.Resets != 2 {
+		t.Errorf("resets = %d, want 2 (first use and the loss; not the idle expiry)", st.Resets)
+	}
+}
+
+// TestManyBucketsComeAndGo: 5,000 buckets of one group used once leave
+// no key behind once idle but the group's epoch and stats.
+func TestManyBucketsComeAndGo(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	r := newReplica(t, redistest.Addr(t), prefix, nil)
+	ctx := context.Background()
+	grp, err := r.gate.Group("shop", &Policy{Limits: []Limit{{Rate: 1_000_000, Window: 100 * time.Millisecond}}, Guard: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: 100 * time.Millisecond}}, Guard: time.Millisecond}
+	if b, _ := grp.Bucket("warm-up", p); true {
+		if _, err := b.Acquire(ctx); err != nil { // the group's first use waits out the horizon once
+			t.Fatal(err)
+		}
+	}
+	for i := range 5000 {
+		b, err := grp.Bucket("store-"+itoa(i), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.reserve(ctx)
+		if err != nil || !res.ok {
+			t.Fatalf("bucket %d: %+v, %v: a new bucket of a known group is granted at once", i, res, err)
+		}
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		keys := r.rdb.Keys(ctx, prefix+":*").Val()
+		if len(keys) <= 2 {
+			t.Logf("left after idle: %v", keys)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys left after idle, want the epoch and the stats: %v", len(keys), keys[:min(len(keys), 10)])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func itoa(i int) string {
+	return string(rune('a'+i%26)) + "-" + time.Duration(i).String()
+}
+
+// TestTotalIsSharedFairly: a group with a total of 40 per second and four
+// buckets wanting more than their share: one is limited to 5 per second
+// on its own, the others to 20. Max-min fairness gives 5 and 35/3 each.
+// Every bucket's limit and the total hold in every window.
+func TestTotalIsSharedFairly(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	total := Policy{Limits: []Limit{{Rate: 40, Window: time.Second}}}
+	own := map[string]int{"small": 5, "a": 20, "b": 20, "c": 20}
+	want := map[string]float64{"small": 5, "a": 35.0 / 3, "b": 35.0 / 3, "c": 35.0 / 3}
+	reps := []*replica{newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil)}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	starts := map[string][]time.Time{}
+	var all []time.Time
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for _, r := range reps {
+		grp, err := r.gate.Group("shop", &total)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, rate := range own {
+			b, err := grp.Bucket(name, Policy{Limits: []Limit{{Rate: rate, Window: time.Second}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Enough callers to hold a horizon of ticks each: while the
+			// total binds, its ticks are reserved about a horizon ahead.
+			for range 12 {
+				wg.Go(func() {
+					for !stop.Load() {
+						p, err := b.Acquire(ctx)
+						if err != nil {
+							return
+						}
+						now := time.Now()
+						mu.Lock()
+						starts[name] = append(starts[name], now)
+						all = append(all, now)
+						mu.Unlock()
+						_ = p.Release(ctx)
+					}
+				})
+			}
+		}
+	}
+	time.Sleep(10 * time.Second) // traffic flows; measured below
+	stop.Store(true)
+	cancel()
+	wg.Wait()
+	if n := windows.MaxSliding(all, time.Second); n > 40 {
+		t.Errorf("total: %d calls in a sliding second, limit 40", n)
+	}
+	// Measure the middle 6 s: after the first use's horizon, before the end.
+	lo, hi := all[0].Add(2*time.Second), all[0].Add(8*time.Second)
+	for name, ts := range starts {
+		if n := windows.MaxSliding(ts, time.Second); n > own[name] {
+			t.Errorf("%s: %d calls in a sliding second, its own limit %d", name, n, own[name])
+		}
+		in := 0
+		for _, x := range ts {
+			if x.After(lo) && x.Before(hi) {
+				in++
+			}
+		}
+		got := float64(in) / hi.Sub(lo).Seconds()
+		t.Logf("%s: %.2f calls/s, max-min share %.2f", name, got, want[name])
+		if math.Abs(got-want[name]) > 0.15*want[name]+0.5 {
+			t.Errorf("%s: %.2f calls/s, want about %.2f (max-min share of 40/s)", name, got, want[name])
+		}
+	}
+}
