@@ -15,7 +15,18 @@ import (
 // QueueLimit; the worker reads the rest.
 type Vendor struct {
 	vendorclients.Vendor
+	// Policy shapes the vendor's calls; with PerAccount, it shapes each
+	// account's calls on their own (Overrides replace it for some).
 	Policy shaper.Policy
+	// PerAccount gives each account (a store, a portal, an API key) a
+	// bucket of its own; every call then names its account.
+	PerAccount bool
+	// Overrides are the policies of accounts that differ from Policy.
+	Overrides map[string]shaper.Policy
+	// Total, when set, is a limit over all of a PerAccount vendor's
+	// accounts together, shared max-min fairly among those with waiting
+	// calls.
+	Total *shaper.Policy
 	// QueueLimit is how many calls may wait in the vendor's queue; 0
 	// means no bound.
 	QueueLimit int
