@@ -77,6 +77,19 @@ func (r Redis) Embedded() bool { return r.Addr == "" }
 // as rate and window, header values with their ${NAME} references not yet
 // expanded (secrets are read only by workers, at start). Vendor.Queue
 // turns it into the one shape the other packages take, queue.Vendor.
+//
+// With PerAccount, every call names its account and Rate, Window, Burst,
+// Guard, Limits and MaxInFlight apply to each account on its own;
+// Overrides give some accounts their own values, and Total, when set,
+// limits all of the vendor's accounts together. BaseURL may then contain
+// {account}, as a whole label of the host name left of the domain
+// (https://{account}.api.example) or anywhere in the path
+// (https://api.example/stores/{account}); never in the scheme, user
+// info, port, query or fragment. It is substituted per call: in the path
+// with url.PathEscape of the account, in the host only for account names
+// made of a-z, 0-9 and '-' (checked at call time; the config checks the
+// override names). The config checks that the URL with {account}
+// replaced is an absolute http(s) URL.
 type Vendor struct {
 	Name        string
 	BaseURL     string
@@ -97,6 +110,40 @@ type Vendor struct {
 	// Adapt tunes learning from 429s without an announced limit; a field
 	// whose key is absent stays zero, which selects shaper's default.
 	Adapt shaper.Adapt
+	// PerAccount gives each account a bucket of its own (per_account).
+	PerAccount bool
+	// Overrides are the account_overrides items, in file order, one per
+	// account.
+	Overrides []Override
+	// Total is the [vendors.NAME.total] table: a limit over all of the
+	// vendor's accounts together; nil when absent.
+	Total *shaper.Limit
+}
+
+// Override is one item of account_overrides, resolved: the account's
+// values of the per-account keys, the item's where it sets them and the
+// vendor's elsewhere. An item's limits replace the vendor's limits.
+type Override struct {
+	Account     string
+	Rate        int
+	Window      time.Duration
+	Burst       int
+	Guard       time.Duration
+	Limits      []shaper.Limit
+	MaxInFlight int
+}
+
+// overrideOf returns the vendor's per-account values, the start of an
+// override before its item's keys are read.
+func overrideOf(v Vendor, account string) Override {
+	return Override{Account: account, Rate: v.Rate, Window: v.Window, Burst: v.Burst, Guard: v.Guard,
+		Limits: v.Limits, MaxInFlight: v.MaxInFlight}
+}
+
+// apply returns v with o's per-account values.
+func (o Override) apply(v Vendor) Vendor {
+	v.Rate, v.Window, v.Burst, v.Guard, v.Limits, v.MaxInFlight = o.Rate, o.Window, o.Burst, o.Guard, o.Limits, o.MaxInFlight
+	return v
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
@@ -124,7 +171,8 @@ func (v Vendor) ExpandHeaders() (map[string]string, error) {
 	return out, nil
 }
 
-// Policy returns the gate policy of the vendor.
+// Policy returns the gate policy of the vendor; with PerAccount, the
+// policy of each account that has no override.
 func (v Vendor) Policy() shaper.Policy {
 	p := shaper.Policy{
 		Limits:      append([]shaper.Limit{{Rate: v.Rate, Window: v.Window}}, v.Limits...),
@@ -135,6 +183,27 @@ func (v Vendor) Policy() shaper.Policy {
 		Adapt:       v.Adapt,
 	}
 	return p
+}
+
+// AccountPolicy returns the gate policy of one account of a per-account
+// vendor: its override's, or Policy when it has none.
+func (v Vendor) AccountPolicy(account string) shaper.Policy {
+	for _, o := range v.Overrides {
+		if o.Account == account {
+			return o.apply(v).Policy()
+		}
+	}
+	return v.Policy()
+}
+
+// TotalPolicy returns the policy of the vendor's total, a limit over all
+// of its accounts together, with the vendor's guard; nil when the vendor
+// has no total.
+func (v Vendor) TotalPolicy() *shaper.Policy {
+	if v.Total == nil {
+		return nil
+	}
+	return &shaper.Policy{Limits: []shaper.Limit{*v.Total}, Guard: v.Guard, NoGuard: v.Guard == 0}
 }
 
 // Vendor returns the named vendor.

@@ -171,6 +171,10 @@ func FuzzParse(f *testing.F) {
 	f.Add(data)
 	f.Add([]byte("[vendors.a]\nbase_url = \"https://x\"\nrate = 3\nburst = 3\nlimits = [{ rate = 3, window = \"1m\" }]\n"))
 	f.Add([]byte("[vendors.\"a.b\"]\nrate = 1\n"))
+	f.Add([]byte(perAccountConfig))
+	f.Add([]byte("[vendors.s]\nbase_url = \"https://{account}.s.example/{account}\"\nper_account = true\nrate = 4\nburst = 2\n" +
+		"[[vendors.s.account_overrides]]\naccount = \"a-1\"\nburst = 4\nlimits = [{ rate = 8, window = \"2s\" }]\n" +
+		"[vendors.s.total]\nrate = 3\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.toml", data)
 		if err != nil {
@@ -179,6 +183,23 @@ func FuzzParse(f *testing.F) {
 		for _, v := range cfg.Vendors {
 			if err := v.Policy().Validate(); err != nil {
 				t.Errorf("accepted vendor %s with an invalid policy: %v", v.Name, err)
+			}
+			if !v.PerAccount && (strings.Contains(v.BaseURL, "{account}") || v.Overrides != nil || v.Total != nil) {
+				t.Errorf("accepted vendor %s with per-account keys but no per_account: %+v", v.Name, v)
+			}
+			qv := v.Queue()
+			for account, p := range qv.Overrides {
+				if err := queue.CheckAccount(account); err != nil {
+					t.Errorf("accepted vendor %s with an invalid account: %v", v.Name, err)
+				}
+				if err := p.Validate(); err != nil {
+					t.Errorf("accepted vendor %s with an invalid policy for account %s: %v", v.Name, account, err)
+				}
+			}
+			if qv.Total != nil {
+				if err := qv.Total.Validate(); err != nil {
+					t.Errorf("accepted vendor %s with an invalid total: %v", v.Name, err)
+				}
 			}
 		}
 	})

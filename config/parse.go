@@ -24,7 +24,8 @@ import (
 var (
 	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster"}
 	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
-		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet"}
+		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet",
+		"per_account", "account_overrides", "total"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window"}
 	topKeys    = []string{"redis", "worker", "vendors"}
@@ -84,15 +85,30 @@ func (p *parser) config(raw map[string]any) *Config {
 // errorf records a problem with key (table.key), located in the file.
 // format may wrap an error with %w: the recorded error keeps its chain.
 func (p *parser) errorf(table, key, format string, args ...any) {
-	loc := p.path
-	if line := locate(p.text, table, key); line > 0 {
-		loc = fmt.Sprintf("%s:%d", p.path, line)
-	}
 	name := table
 	if key != "" {
 		name += "." + key
 	}
+	p.errorAt(locate(p.text, table, key), name, format, args...)
+}
+
+// errorAt records a problem with what name names, at line (0: unknown).
+func (p *parser) errorAt(line int, name, format string, args ...any) {
+	loc := p.path
+	if line > 0 {
+		loc = fmt.Sprintf("%s:%d", p.path, line)
+	}
 	p.errs = append(p.errs, fmt.Errorf("%s: %w: %s: %w", loc, ErrInvalid, name, fmt.Errorf(format, args...)))
+}
+
+// knownKeyHint is the hint of an unknown key: the known key it is
+// closest to, if any, and the list of them.
+func knownKeyHint(k string, known []string) string {
+	hint := "known keys: " + strings.Join(known, ", ")
+	if s := closest(k, known); s != "" {
+		hint = fmt.Sprintf("did you mean %q? (%s)", s, hint)
+	}
+	return hint
 }
 
 func (p *parser) unknownKeys(table string, tbl map[string]any, known []string) {
@@ -105,10 +121,7 @@ func (p *parser) unknownKeys(table string, tbl map[string]any, known []string) {
 		if slices.Contains(known, k) {
 			continue
 		}
-		hint := "known keys: " + strings.Join(known, ", ")
-		if s := closest(k, known); s != "" {
-			hint = fmt.Sprintf("did you mean %q? (%s)", s, hint)
-		}
+		hint := knownKeyHint(k, known)
 		if table == "" {
 			p.errorf(k, "", "unknown key; %s", hint)
 		} else {
@@ -176,13 +189,12 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	before := len(p.errs)
 	t := "vendors." + name
 	vd := Vendor{Name: name}
+	vd.PerAccount = p.boolean(t, "per_account")
 	vd.BaseURL = p.str(t, "base_url")
 	if _, present := tbl["base_url"]; !present {
 		p.errorf(t, "", "base_url is required, e.g. base_url = \"https://api.%s.example\"", name)
-	} else if u, err := url.Parse(vd.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.errorf(t, "base_url", "%q: want an absolute http:// or https:// URL", vd.BaseURL)
-	} else if u.RawQuery != "" || u.Fragment != "" {
-		p.errorf(t, "base_url", "%q: a base URL has no query or fragment; put them in each call's path", vd.BaseURL)
+	} else if err := checkBaseURL(vd.BaseURL, vd.PerAccount); err != nil {
+		p.errorf(t, "base_url", "%q: %w", vd.BaseURL, err)
 	}
 	var ok bool
 	if _, present := tbl["rate"]; !present {
@@ -211,7 +223,21 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	if vd.Rate > 0 && vd.Burst > vd.Rate {
 		p.errorf(t, "burst", "%d > rate %d: releasing %d calls on one tick would overrun the vendor's fixed window; set burst <= %d (1 spreads calls evenly)", vd.Burst, vd.Rate, vd.Burst, vd.Rate)
 	}
-	vd.Limits = p.limits(t, tbl["limits"], vd)
+	vd.Limits = limits(tbl["limits"], func(n int, format string, args ...any) {
+		if n == 0 {
+			p.errorf(t, "limits", format, args...)
+			return
+		}
+		p.errorAt(locateItem(p.text, t, "limits", n), fmt.Sprintf("%s.limits item %d", t, n), format, args...)
+	})
+	for i, l := range vd.Limits {
+		if vd.Burst > l.Rate {
+			p.errorf(t, "burst", "%d > %s (limits item %d): releasing %d calls at once would overrun that window; set burst <= %d", vd.Burst, l, i+1, vd.Burst, l.Rate)
+		}
+		if vd.Guard >= l.Window {
+			p.errorf(t, "guard", "%s must be shorter than every window, and limits item %d has %s", vd.Guard, i+1, l.Window)
+		}
+	}
 	vd.UserAgent = p.str(t, "user_agent")
 	vd.MaxRetryAfter = p.duration(t, "max_retry_after", vendorclients.DefaultMaxRetryAfter)
 	if vd.MaxRetryAfter <= 0 {
@@ -243,57 +269,75 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 			vd.Headers[k] = sv
 		}
 	}
-	if len(p.errs) > before {
-		return Vendor{}, false
+	policyErr := vd.Policy().Validate()
+	if policyErr != nil && len(p.errs) == before { // belt and braces: the gate's own check
+		p.errorf(t, "", "%w", policyErr)
 	}
-	if err := vd.Policy().Validate(); err != nil { // belt and braces: the gate's own check
-		p.errorf(t, "", "%w", err)
+	// The per-account tables are read even when other keys of the vendor
+	// are wrong, so that one run reports every problem; their policies
+	// are checked only against a valid vendor policy (they inherit its
+	// keys), so that one mistake is not reported once per account.
+	p.accounts(t, tbl, &vd, policyErr == nil)
+	if len(p.errs) > before {
 		return Vendor{}, false
 	}
 	return vd, true
 }
 
-func (p *parser) limits(t string, raw any, vd Vendor) []shaper.Limit {
+// limits reads a limits array (of a vendor or of an override); fail
+// records a problem with item n, from 1, or with the array itself (n 0).
+func limits(raw any, fail func(n int, format string, args ...any)) []shaper.Limit {
 	if raw == nil {
 		return nil
 	}
 	list, ok := raw.([]any)
 	if !ok {
-		p.errorf(t, "limits", "must be an array of tables, e.g. limits = [ { rate = 5000, window = \"24h\" } ]")
+		fail(0, "must be an array of tables, e.g. limits = [ { rate = 5000, window = \"24h\" } ]")
 		return nil
 	}
 	var out []shaper.Limit
 	for i, item := range list {
 		m, ok := item.(map[string]any)
 		if !ok {
-			p.errorf(t, "limits", "item %d must be a table { rate = N, window = \"D\" }", i+1)
+			fail(i+1, "must be a table { rate = N, window = \"D\" }")
 			continue
 		}
+		keys := make([]string, 0, len(m))
 		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
 			if !slices.Contains(limitKeys, k) {
-				p.errorf(t, "limits", "item %d: unknown key %q; a limit has rate and window", i+1, k)
+				fail(i+1, "unknown key %q; a limit has rate and window", k)
 			}
 		}
 		rate, rok := m["rate"].(int64)
 		ws, wok := m["window"].(string)
 		if !rok || rate < 1 {
-			p.errorf(t, "limits", "item %d: rate = %v: want an integer >= 1", i+1, m["rate"])
+			fail(i+1, "rate = %s: want an integer >= 1", rawString(m["rate"]))
 			continue
 		}
 		w, err := time.ParseDuration(ws)
 		if !wok || err != nil || w <= 0 {
-			p.errorf(t, "limits", "item %d: window = %v: want a positive duration string such as \"1m\" or \"24h\"", i+1, m["window"])
+			fail(i+1, "window = %s: want a positive duration string such as \"1m\" or \"24h\"", rawString(m["window"]))
 			continue
-		}
-		if vd.Burst > int(rate) {
-			p.errorf(t, "burst", "%d > %d per %s (limits item %d): releasing %d calls at once would overrun that window; set burst <= %d", vd.Burst, rate, w, i+1, vd.Burst, rate)
-		}
-		if vd.Guard >= w {
-			p.errorf(t, "guard", "%s must be shorter than every window, and limits item %d has %s", vd.Guard, i+1, w)
 		}
 		out = append(out, shaper.Limit{Rate: int(rate), Window: w})
 	}
 	return out
+}
+
+// rawString formats a value of the raw parse as TOML writes it: strings
+// quoted, an absent value as (missing).
+func rawString(x any) string {
+	switch x := x.(type) {
+	case nil:
+		return "(missing)"
+	case string:
+		return fmt.Sprintf("%q", x)
+	}
+	return fmt.Sprint(x)
 }
 
 // isSet reports whether table.key is in the file (or the environment).

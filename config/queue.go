@@ -2,20 +2,32 @@ package config
 
 import (
 	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
 )
 
-// Queue returns the vendor as the queue package takes it. Header values
+// Queue returns the vendor as the queue package takes it: with
+// PerAccount, Policy is each account's, Overrides hold the whole policy
+// of each overridden account and Total the total's. Header values
 // are as written (${NAME} references unexpanded): enqueueing needs no
 // secrets; WorkerConfig expands them.
 func (v Vendor) Queue() queue.Vendor {
-	return queue.Vendor{
+	qv := queue.Vendor{
 		Vendor: vendorclients.Vendor{Name: v.Name, BaseURL: v.BaseURL, Timeout: v.Timeout,
 			MaxRetryAfter: v.MaxRetryAfter, Headers: v.Headers, UserAgent: v.UserAgent},
 		Policy:      v.Policy(),
+		PerAccount:  v.PerAccount,
+		Total:       v.TotalPolicy(),
 		QueueLimit:  v.QueueLimit,
 		Concurrency: v.Concurrency,
 	}
+	if len(v.Overrides) > 0 {
+		qv.Overrides = make(map[string]shaper.Policy, len(v.Overrides))
+		for _, o := range v.Overrides {
+			qv.Overrides[o.Account] = o.apply(v).Policy()
+		}
+	}
+	return qv
 }
 
 // ClientConfig returns the config of a queue client (enqueueing).
