@@ -20,7 +20,7 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the documented example does not load: %v", err)
 	}
-	if got := cfg.VendorNames(); strings.Join(got, ",") != "acme,crm" {
+	if got := cfg.VendorNames(); strings.Join(got, ",") != "acme,crm,shop" {
 		t.Errorf("vendors = %v", got)
 	}
 	acme, _ := cfg.Vendor("acme")
@@ -42,6 +42,15 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if !cfg.Redis.Embedded() {
 		t.Errorf("redis.addr empty should mean embedded")
+	}
+	if acme.PerAccount || crm.PerAccount || acme.Overrides != nil || acme.Total != nil {
+		t.Errorf("acme and crm are not per account: %+v, %+v", acme, crm)
+	}
+	shop, _ := cfg.Vendor("shop")
+	if !shop.PerAccount || shop.BaseURL != "https://api.shop.example/stores/{account}" || shop.Rate != 2 ||
+		len(shop.Overrides) != 1 || shop.Overrides[0].Account != "big-store" || shop.Overrides[0].Rate != 20 ||
+		shop.Total == nil || *shop.Total != (shaper.Limit{Rate: 40, Window: time.Second}) {
+		t.Errorf("shop = %+v", shop)
 	}
 }
 

@@ -38,26 +38,44 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	}
 	fmt.Fprintf(w, "%s: ok, %d vendor(s), redis: %s\n\n", cfg.Path, len(cfg.Vendors), redis)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VENDOR\tLIMITS\tBURST\tGUARD\tTICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
+	fmt.Fprintln(tw, "VENDOR\tAPPLIES TO\tLIMITS\tBURST\tGUARD\tTICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
 	for _, v := range cfg.Vendors {
-		p := v.Policy()
-		iv, burst := p.Tick()
-		limits := ""
-		for i, l := range p.Limits {
-			if i > 0 {
-				limits += " and "
-			}
-			limits += l.String()
-		}
-		ql, mif := "unbounded", "no cap"
+		ql := "unbounded"
 		if v.QueueLimit > 0 {
 			ql = fmt.Sprint(v.QueueLimit)
 		}
-		if v.MaxInFlight > 0 {
-			mif = fmt.Sprint(v.MaxInFlight)
+		if !v.PerAccount {
+			printTick(tw, v.Name, "the vendor", v.Policy(), ql)
+			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", v.Name, limits, burst, durations.Format(v.Guard),
-			burst, iv, shaper.EffectiveRate(iv, burst, v.Window), durations.Format(v.Window), ql, mif)
+		printTick(tw, v.Name, "each account", v.Policy(), ql)
+		for _, o := range v.Overrides {
+			printTick(tw, v.Name, "account "+o.Account, v.AccountPolicy(o.Account), "")
+		}
+		if tp := v.TotalPolicy(); tp != nil {
+			printTick(tw, v.Name, "all accounts (total)", *tp, "")
+		}
 	}
 	tw.Flush()
+}
+
+// printTick prints one row of config check: what a policy applies to and
+// its tick. queueLimit is empty on the rows after a vendor's first (a
+// vendor has one queue).
+func printTick(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLimit string) {
+	iv, burst := p.Tick()
+	limits := ""
+	for i, l := range p.Limits {
+		if i > 0 {
+			limits += " and "
+		}
+		limits += l.String()
+	}
+	mif := "no cap"
+	if p.MaxInFlight > 0 {
+		mif = fmt.Sprint(p.MaxInFlight)
+	}
+	primary := p.Limits[0].Window
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", vendor, appliesTo, limits, burst, durations.Format(p.Guard),
+		burst, iv, shaper.EffectiveRate(iv, burst, primary), durations.Format(primary), queueLimit, mif)
 }
