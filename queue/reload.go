@@ -63,7 +63,7 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 	state := w.state
 	if state == notStarted {
 		defer w.mu.Unlock()
-		_, err := w.commitLocked(nil, p) // nothing to stop: no vendor was started
+		_, err := w.commitLocked(p, nil) // not running: nothing to start or stop
 		return p.notes, err
 	}
 	w.mu.Unlock()
@@ -87,16 +87,16 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 func (w *Worker) commit(ctx context.Context, p *plan) ([]*vendorRuntime, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.commitLocked(ctx, p)
+	return w.commitLocked(p, func(rt *vendorRuntime) error { return w.start(ctx, rt) })
 }
 
-// commitLocked carries out p; w.mu is held. With a ctx (the worker runs)
+// commitLocked carries out p; w.mu is held. With start (the worker runs)
 // added vendors are started first, and if one fails to start the others
 // are stopped and nothing changes. It returns the removed vendors.
-func (w *Worker) commitLocked(ctx context.Context, p *plan) ([]*vendorRuntime, error) {
-	if ctx != nil {
+func (w *Worker) commitLocked(p *plan, start func(*vendorRuntime) error) ([]*vendorRuntime, error) {
+	if start != nil {
 		for i, rt := range p.added {
-			if err := w.start(ctx, rt); err != nil {
+			if err := start(rt); err != nil {
 				w.shutdown(p.added[:i])
 				return nil, err
 			}
