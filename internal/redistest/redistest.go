@@ -59,6 +59,16 @@ func Addr(tb testing.TB) string {
 	return sharedAddr
 }
 
+// Long marks a long scenario (minutes of traffic, a fault run, waiting
+// out asynq's lease): -short skips it, so `make test` stays fast, and
+// `make test-long` runs it. Call it first in every TestLong... test.
+func Long(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("long scenario: make test-long runs it")
+	}
+}
+
 // Kind says which Redis Addr returned.
 func Kind() string { return sharedKind }
 
