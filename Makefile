@@ -3,13 +3,23 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test bench lint fuzz faults
+.PHONY: test test-long bench lint fuzz faults
 
-# -p 1: the timing tests of different packages must not compete for the
-# machine's two cores. -parallel 8: the learning scenarios (light traffic,
-# 70 s each) run side by side.
+# Every guarantee (G1-G8) on a real Redis, in about 3 minutes. -p 1: the
+# timing tests of different packages must not compete for the machine's
+# two cores. -parallel 8: light scenarios of one package (the learning
+# runs, functional queue tests) run side by side. -short skips the long
+# scenarios, which make test-long runs.
 test:
-	$(GO) test -race -count=1 -p 1 -parallel 8 ./...
+	$(GO) test -race -count=1 -p 1 -parallel 8 -short ./...
+
+# The long scenarios (TestLong..., marked with redistest.Long): a minute of
+# rate learning, fault runs through the CLI worker with asynq's default
+# retry backoff, three workers and a SIGKILL that waits out asynq's lease.
+# About 6 minutes; CI runs it after make test.
+LONG_PKGS := $(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .)))
+test-long:
+	$(GO) test -race -count=1 -p 1 -parallel 8 -run '^TestLong' $(or $(LONG_PKGS),./...)
 
 # The gate's own speed, then the side-by-side benchmark against the
 # alternatives (writes docs/bench.md and docs/bench.svg; about 8 minutes).
@@ -30,6 +40,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 30s ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 30s ./vendorclients
 
-# The fault tests alone (they also run in make test).
+# The fault tests alone: the quick ones (also in make test) and the long
+# ones (also in make test-long).
 faults:
-	$(GO) test -count=1 -v -run 'TestFault|TestThreeWorkersAndAKill|TestGateRedisRestart' ./cmd/shaper ./shaper
+	$(GO) test -count=1 -p 1 -v -run 'Fault|ThreeWorkersAndAKill|TestGateRedisRestart' ./cmd/shaper ./queue ./shaper

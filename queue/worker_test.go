@@ -142,6 +142,9 @@ func (l *tickLag) RoundTrip(req *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(req)
 }
 
+// TestWorkersDrainAtTheRate runs alone (no t.Parallel): it holds the
+// tick-to-wire lag to the tolerance, which side-by-side tests would blur.
+// The other tests of this package are light and run side by side after it.
 func TestWorkersDrainAtTheRate(t *testing.T) {
 	e := newEnv(t)
 	lag := &tickLag{}
@@ -191,6 +194,9 @@ func steadyUtilisation(ts []time.Time, iv time.Duration) float64 {
 	return float64(hi-lo) * float64(iv) / float64(ts[hi].Sub(ts[lo]))
 }
 
+// TestFIFO runs alone (no t.Parallel): on a busy machine more callers
+// wake too late for their ticks and go to the back, which is not what it
+// measures.
 func TestFIFO(t *testing.T) {
 	e := newEnv(t)
 	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second}
@@ -227,6 +233,7 @@ func abs(x int) int {
 }
 
 func TestIsolation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	slow := &vendorsim.Vendor{Rate: 1, Window: time.Minute}
 	fast := &vendorsim.Vendor{Rate: 50, Window: time.Second}
@@ -251,7 +258,13 @@ func TestIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the warm-up call", func() bool { return fast.Summarize().Requests == 1 })
-	time.Sleep(time.Second)
+	// The backlogs are being worked on: the 1/min vendor's and the paused
+	// vendor's first tasks found waits beyond MaxWait and held their asynq
+	// queues.
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	waitFor(t, 20*time.Second, "the slow and the paused vendor's queues to be held", func() bool {
+		return queueHeld(insp, slowName) && queueHeld(insp, pausedName)
+	})
 	start := time.Now()
 	enqueueN(t, c, fastName, 20)
 	waitFor(t, 20*time.Second, "the fast vendor's calls", func() bool { return fast.Summarize().DistinctKeys == 21 })
@@ -266,7 +279,16 @@ func TestIsolation(t *testing.T) {
 	}
 }
 
+// queueHeld says whether the vendor's asynq queue is paused (held through
+// a long wait). GetQueueInfo can fail transiently in asynq v0.26: false,
+// and the caller polls again.
+func queueHeld(insp *asynq.Inspector, vendor string) bool {
+	info, err := insp.GetQueueInfo(QueueName(vendor))
+	return err == nil && info.Paused
+}
+
 func TestRateLimitedPausesEveryReplica(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	// The vendor really allows 20/s; shaper is told 40/s. Its 429s carry
 	// Retry-After, which pauses every replica.
@@ -314,6 +336,7 @@ func TestRateLimitedPausesEveryReplica(t *testing.T) {
 }
 
 func TestStatusHandling(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var mu sync.Mutex
 	tries := map[string]int{}
@@ -368,6 +391,7 @@ func TestStatusHandling(t *testing.T) {
 }
 
 func TestEnqueueErrors(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	name := e.vendor("errs", shaper.Policy{Limits: []shaper.Limit{{Rate: 1, Window: time.Second}}}, 3, http.NotFoundHandler())
 	c := e.newClient()
@@ -404,6 +428,7 @@ func TestEnqueueErrors(t *testing.T) {
 }
 
 func TestEnqueueIdempotent(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	name := e.vendor("idem", shaper.Policy{Limits: []shaper.Limit{{Rate: 1, Window: time.Second}}}, 0, http.NotFoundHandler())
 	c := e.newClient()
@@ -423,6 +448,7 @@ func TestEnqueueIdempotent(t *testing.T) {
 }
 
 func TestSecretsStayOutOfResults(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)

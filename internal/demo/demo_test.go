@@ -8,18 +8,26 @@ import (
 	"time"
 )
 
+// TestDemo runs the demo small: 150 calls at 50/s take shaper about 4 s.
+// The token bucket per worker (3 x 50 tokens, more than the 150 calls) sends
+// every call in its first second, so it overfills a vendor window and gets
+// 429s wherever the window's phase falls; its rescheduled calls then wait
+// on asynq's whole-second schedule (about 11 s), so the run stops at the
+// 7 s timeout and the verdict may show it "not done": the test asserts on
+// its 429s, not on its end.
 func TestDemo(t *testing.T) {
+	const calls, rate = 150, 50
 	var out bytes.Buffer
-	v, err := Run(context.Background(), &out, Options{Calls: 150, Rate: 50, Window: time.Second, Workers: 3, Timeout: 12 * time.Second})
+	v, err := Run(context.Background(), &out, Options{Calls: calls, Rate: rate, Window: time.Second, Workers: 3, Timeout: 7 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
 	shaped, naive := v[0], v[1]
-	if shaped.Done != 150 || shaped.Throttled != 0 || shaped.MaxPerWindow > 50 {
+	if shaped.Done != calls || shaped.Throttled != 0 || shaped.MaxPerWindow > rate {
 		t.Errorf("shaper: %+v; want every call done, no 429, at most 50 per window", shaped)
 	}
-	if naive.Throttled == 0 || naive.MaxPerWindow <= 50 {
+	if naive.Throttled == 0 || naive.MaxPerWindow <= rate {
 		t.Errorf("the token bucket per worker got no 429s (%+v): the comparison shows nothing", naive)
 	}
 	if !strings.Contains(out.String(), "APPROACH") || !strings.Contains(out.String(), "token bucket per worker") {

@@ -64,6 +64,16 @@ func setup() error {
 	return sharedErr
 }
 
+// Long marks a long scenario (minutes of traffic, a fault run, waiting
+// out asynq's lease): -short skips it, so `make test` stays fast, and
+// `make test-long` runs it. Call it first in every TestLong... test.
+func Long(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("long scenario: make test-long runs it")
+	}
+}
+
 // Kind says which Redis Addr returned.
 func Kind() string { return sharedKind }
 

@@ -1,0 +1,91 @@
+package queue
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// TestFaultRetriesThrough5xxAndHangs is G6 through vendor faults, quick
+// enough for make test: the workers run in process with a 1 s retry
+// backoff (the CLI run, TestLongFaultVendor5xxBurstsAndHangs, waits out
+// asynq's default backoff of 15 s and more). The vendor answers 503 to
+// every call for a second and hangs past the call timeout on 5 calls:
+// every call completes, none is archived, and every attempt at a call
+// carries the same Idempotency-Key.
+func TestFaultRetriesThrough5xxAndHangs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var (
+		first sync.Once
+		began time.Time
+		hung  atomic.Int64
+	)
+	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend.Status = func(r *http.Request) int {
+		first.Do(func() { began = time.Now() })
+		if el := time.Since(began); el > 500*time.Millisecond && el < 1500*time.Millisecond {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	}
+	vend.Hang = func(r *http.Request) time.Duration {
+		if strings.HasSuffix(r.Header.Get("Idempotency-Key"), "7") && hung.Add(1) <= 5 {
+			return 2 * time.Second // past the 500 ms timeout
+		}
+		return 0
+	}
+	p := shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}
+	name := e.vendor("flaky", p, 0, vend)
+	e.specs[0].Timeout = 500 * time.Millisecond
+	c := e.newClient()
+	const n = 150
+	enqueueN(t, c, name, n)
+	e.startWorker(nil)
+	e.startWorker(nil)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	var info *asynq.QueueInfo
+	waitFor(t, time.Minute, "every call to complete or be archived", func() bool {
+		i, err := insp.GetQueueInfo(QueueName(name)) // can fail transiently: poll again
+		if err == nil {
+			info = i
+		}
+		return err == nil && i.Completed+i.Archived == n
+	})
+	s := vend.Summarize()
+	keys := map[string]map[string]bool{} // path -> Idempotency-Keys
+	failed := 0
+	for _, r := range vend.Requests() {
+		if keys[r.Path] == nil {
+			keys[r.Path] = map[string]bool{}
+		}
+		keys[r.Path][r.Key] = true
+		if r.Status == http.StatusServiceUnavailable {
+			failed++
+		}
+	}
+	t.Logf("fault report: %d calls, %d completed, %d archived; %d requests, %d answered 503, %d hung past the timeout, %d duplicate successes (same Idempotency-Key), most %d in a sliding window (limit %d)",
+		n, info.Completed, info.Archived, s.Requests, failed, min(hung.Load(), 5), s.DuplicateKeys, s.MaxSliding, vend.Rate)
+	if failed == 0 || hung.Load() < 5 {
+		t.Fatalf("%d 503s and %d hangs: the faults never happened", failed, hung.Load())
+	}
+	if info.Archived != 0 || s.DistinctKeys != n {
+		t.Errorf("%d calls archived, %d of %d succeeded at the vendor", info.Archived, s.DistinctKeys, n)
+	}
+	for path, ks := range keys {
+		if len(ks) != 1 {
+			t.Errorf("the attempts at %s carried %d Idempotency-Keys, want 1", path, len(ks))
+		}
+	}
+	if s.Throttled != 0 || s.MaxSliding > vend.Rate {
+		t.Errorf("G1 through the faults: %d 429s, %d calls in a sliding window", s.Throttled, s.MaxSliding)
+	}
+}
