@@ -35,7 +35,7 @@ lint:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config
-	$(GO) test -run '^$$' -fuzz FuzzParseJobs -fuzztime 30s ./queue
+	$(GO) test -run '^$$' -fuzz FuzzParseCalls -fuzztime 30s ./queue
 	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 30s ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 30s ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 30s ./vendorclients

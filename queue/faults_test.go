@@ -45,7 +45,7 @@ func TestFaultRetriesThrough5xxAndHangs(t *testing.T) {
 	}
 	p := shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}
 	name := e.vendor("flaky", p, 0, vend)
-	e.specs[0].Timeout = 500 * time.Millisecond
+	e.vendors[0].Timeout = 500 * time.Millisecond
 	c := e.newClient()
 	const n = 150
 	enqueueN(t, c, name, n)
