@@ -8,11 +8,10 @@ import (
 // supervisorEvery is how often a vendor's supervisor runs.
 const supervisorEvery = 500 * time.Millisecond
 
-// supervise keeps one vendor's shared state moving while the worker runs:
-// it heartbeats this replica's configured tick, raises a learned rate
-// after quiet periods, and unpauses the vendor's asynq queue when the
-// wait that paused it is nearly over. Redis errors are logged once per
-// failure streak.
+// supervise unpauses the vendor's asynq queue when the wait that paused
+// it is nearly over, while the worker runs. (Heartbeats and the recovery
+// of learned rates ride on the gate's grants: no polling for them.) Redis
+// errors are logged once per failure streak.
 func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	t := time.NewTicker(supervisorEvery)
 	defer t.Stop()
@@ -30,22 +29,6 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 }
 
 func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog) error {
-	ctl := rt.bucket().Control()
-	err := ctl.Heartbeat(ctx, w.replica)
-	problems.check("gate heartbeat", err)
-	if err != nil {
-		return err
-	}
-	rate, changed, err := ctl.RaiseRate(ctx)
-	problems.check("raising a learned rate", err)
-	if err != nil {
-		return err
-	}
-	if changed && rate == 0 {
-		w.log.Info("vendor quiet: back to the configured rate", "vendor", rt.vendor.Name)
-	} else if changed {
-		w.log.Info("vendor quiet: effective rate raised", "vendor", rt.vendor.Name, "rate", rate, "per", rt.vendor.Policy.Limits[0].Window)
-	}
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
 	paused, err := w.rdb.Exists(ctx, key).Result()
 	problems.check("reading whether the vendor's queue is paused", err)

@@ -2,14 +2,11 @@ package queue
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -75,12 +72,11 @@ func (rt *vendorRuntime) bucket() *shaper.Bucket { return rt.client.Bucket() }
 // vendor on one shared Redis client. Run it once; Apply changes its vendors
 // while it runs.
 type Worker struct {
-	rdb     redis.UniversalClient
-	cfg     WorkerConfig
-	gate    *shaper.Gate
-	insp    *asynq.Inspector
-	log     *slog.Logger
-	replica string // id in the gate's replica heartbeats
+	rdb  redis.UniversalClient
+	cfg  WorkerConfig
+	gate *shaper.Gate
+	insp *asynq.Inspector
+	log  *slog.Logger
 
 	applyMu sync.Mutex        // one Apply at a time
 	applyc  chan applyRequest // to Run's loop while it runs
@@ -134,7 +130,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		}
 	}
 	w := &Worker{
-		rdb: rdb, cfg: cfg, log: cfg.Logger, replica: replicaID(),
+		rdb: rdb, cfg: cfg, log: cfg.Logger,
 		gate:     shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}),
 		insp:     asynq.NewInspectorFromRedisClient(rdb),
 		applyc:   make(chan applyRequest),
@@ -294,11 +290,4 @@ func (w *Worker) shutdown(rts []*vendorRuntime) {
 		})
 	}
 	wg.Wait()
-}
-
-func replicaID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }

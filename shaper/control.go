@@ -178,31 +178,41 @@ func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error)
 // ARGV[3] step (calls per window), ARGV[4] quiet period (µs), ARGV[5]
 // probe age (µs).
 // Returns "" when nothing changed, else the new rate ("0" when cleared).
-var raiseScript = redis.NewScript(nowLua + `
-local now = now_us()
-local c = redis.call('HMGET', KEYS[1], 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source')
-local cur = tonumber(c[1])
-if not cur or c[5] ~= 'learned' then return '' end
-local quiet = tonumber(ARGV[4])
-local sinceThrottle = now - (tonumber(c[3]) or 0)
-if now - (tonumber(c[2]) or 0) < quiet or sinceThrottle < quiet then return '' end
-local cfg = tonumber(ARGV[2])
-local hi = tonumber(c[4]) or cfg
-if sinceThrottle >= tonumber(ARGV[5]) then hi = cfg * 2 end
-local new = math.min(cur + tonumber(ARGV[3]), hi * 0.97)
-if new <= cur then
-  redis.call('HSET', KEYS[1], 'lo', tostring(cur), 'last_change', string.format('%d', now))
-  return ''
-end
-if new >= cfg then
-  redis.call('HDEL', KEYS[1], 'rate', 'rate_reason', 'rate_source', 'hi', 'lo')
-  redis.call('HSET', KEYS[1], 'last_change', string.format('%d', now))
-  return '0'
-end
-redis.call('HSET', KEYS[1], 'rate', tostring(new), 'lo', tostring(cur), 'last_change', string.format('%d', now),
-  'rate_reason', 'recovering after a quiet period')
-return tostring(new)
+var raiseScript = redis.NewScript(nowLua + raiseLua + `
+local r = raise_rate(KEYS[1], now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+if r == nil then return '' end
+return tostring(r)
 `)
+
+// raiseLua defines raise_rate(key, now, cfg, step, quiet, probe): one
+// additive step of a learned rate in control hash key (see raiseScript),
+// returning the new rate (0: back to the configured rate) or nil when
+// nothing changed. The reserve script runs it too, so a learned rate
+// recovers with the bucket's own traffic, without a process polling it.
+const raiseLua = `
+local function raise_rate(key, now, cfg, step, quiet, probe)
+  local c = redis.call('HMGET', key, 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source')
+  local cur = tonumber(c[1])
+  if not cur or c[5] ~= 'learned' then return nil end
+  local sinceThrottle = now - (tonumber(c[3]) or 0)
+  if now - (tonumber(c[2]) or 0) < quiet or sinceThrottle < quiet then return nil end
+  local hi = tonumber(c[4]) or cfg
+  if sinceThrottle >= probe then hi = cfg * 2 end
+  local new = math.min(cur + step, hi * 0.97)
+  if new <= cur then
+    redis.call('HSET', key, 'lo', tostring(cur), 'last_change', string.format('%d', now))
+    return nil
+  end
+  if new >= cfg then
+    redis.call('HDEL', key, 'rate', 'rate_reason', 'rate_source', 'hi', 'lo')
+    redis.call('HSET', key, 'last_change', string.format('%d', now))
+    return 0
+  end
+  redis.call('HSET', key, 'rate', tostring(new), 'lo', tostring(cur), 'last_change', string.format('%d', now),
+    'rate_reason', 'recovering after a quiet period')
+  return new
+end
+`
 
 // RaiseRate raises a learned effective rate by one step when the vendor
 // has been quiet for a quiet period. Replicas may all call it: a step

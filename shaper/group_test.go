@@ -181,3 +181,39 @@ func TestTotalIsSharedFairly(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantsRaiseALearnedRate: a learned rate steps back up with the
+// bucket's own grants after a quiet period, with no process calling
+// RaiseRate.
+func TestGrantsRaiseALearnedRate(t *testing.T) {
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	var now atomic.Int64
+	now.Store(1_000_000_000_000)
+	r.gate.testNow = now.Load
+	ctx := context.Background()
+	b, err := r.gate.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: time.Hour,
+		Adapt: Adapt{Quiet: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.reserve(ctx); err != nil { // first use
+		t.Fatal(err)
+	}
+	lowered, err := b.Control().LowerRate(ctx, "429")
+	if err != nil || lowered != 70 {
+		t.Fatalf("LowerRate = %v, %v; want 70", lowered, err)
+	}
+	now.Add(2 * time.Second.Microseconds()) // a quiet period passes
+	if _, err := b.reserve(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := b.Policy().WithRate(75)
+	if got, _ := b.Policy().WithRate(70); st.EffectiveRate <= EffectiveRate(got, 1, time.Second) ||
+		!near(st.EffectiveRate, EffectiveRate(want, 1, time.Second)) {
+		t.Errorf("after a quiet period and a grant: effective rate %.2f, want the 75 step (%.2f)", st.EffectiveRate, EffectiveRate(want, 1, time.Second))
+	}
+}

@@ -87,7 +87,7 @@ end
 // Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
 // from Redis now to the tick; when not, the time before asking again and
 // reason says why (see deferReason).
-var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + `
+var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + raiseLua + `
 local now = now_us()
 local interval = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
@@ -111,9 +111,13 @@ for i = 2, #peers, 2 do
   end
 end
 
-local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate')
+local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate', 'rate_source')
 local paused = tonumber(ctl[1]) or 0
 local rate = tonumber(ctl[2])
+if rate and ctl[3] == 'learned' then
+  local r = raise_rate(KEYS[2], now, tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24]))
+  if r == 0 then rate = nil elseif r then rate = r end
+end
 if rate and rate > 0 then
   local iv, b = spacing(rate, burst, tonumber(ARGV[8]))
   if iv > interval then interval = iv end
@@ -353,6 +357,8 @@ func (b *Bucket) reserveAgain(ctx context.Context, returning bool) (reservation,
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
 	}
+	a := b.policy.Adapt.withDefaults()
+	cfg := float64(b.policy.Limits[0].Rate)
 	var tiv, tburst, tspan, ring, k int64
 	var trate, own float64
 	if t := b.total; t != nil {
@@ -369,7 +375,8 @@ func (b *Bucket) reserveAgain(ctx context.Context, returning bool) (reservation,
 		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
 		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
-		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, returningArg(returning)).Int64Slice()
+		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, returningArg(returning),
+		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds()).Int64Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)
 	}
