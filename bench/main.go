@@ -5,6 +5,7 @@
 // window over time.
 //
 //	go run ./bench -out docs            # REDIS_ADDR, default 127.0.0.1:6379
+//	go run ./bench -idle -out docs      # idle cost; starts its own redis-server
 package main
 
 import (
@@ -40,14 +41,26 @@ type Result struct {
 }
 
 func main() {
-	out := flag.String("out", "docs", "directory for bench.md and bench.svg")
+	out := flag.String("out", "docs", "directory for bench.md and bench.svg (ceilings.md with -ceilings, idle.md with -idle)")
 	rates := flag.String("rates", "10,100,1000", "vendor limits per second")
 	replicas := flag.String("replicas", "1,4", "worker replicas")
 	seconds := flag.Int("seconds", 5, "calls per run = rate x seconds")
 	capS := flag.Int("cap", 12, "stop a run after this many seconds")
 	ceil := flag.Bool("ceilings", false, "measure the ceilings instead: tasks/s against plain asynq, and the highest rate shaped with 4 replicas")
 	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
+	idleMode := flag.Bool("idle", false, "measure the idle cost instead: Redis commands/s, goroutines, CPU and heap of vendors served with nothing queued, shaper against plain asynq, on a redis-server of its own (writes idle.md)")
+	idleVendors := flag.Int("idle-vendors", 200, "vendors (queues) for -idle")
+	idleReplicas := flag.Int("idle-replicas", 3, "worker replicas for -idle")
+	idleWindow := flag.Duration("idle-window", 20*time.Second, "measuring window for -idle, after a 5s warm-up")
 	flag.Parse()
+	if *idleMode {
+		md, err := idle(*idleVendors, *idleReplicas, *idleWindow)
+		must(err)
+		fmt.Print(md)
+		must(os.MkdirAll(*out, 0o755))
+		must(os.WriteFile(filepath.Join(*out, "idle.md"), []byte(md), 0o644))
+		return
+	}
 	addr := os.Getenv("REDIS_ADDR")
 	if addr == "" {
 		addr = "127.0.0.1:6379"
