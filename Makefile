@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test test-long bench lint fuzz faults
+.PHONY: test test-long bench bench-idle lint fuzz faults
 
 # Every guarantee (G1-G8) on a real Redis, in about 3 minutes. -p 1: the
 # timing tests of different packages must not compete for the machine's
@@ -27,6 +27,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
 	benchstat bench.txt
 	$(GO) run ./bench -out docs
+
+# What serving 200 idle vendors costs in Redis commands/s, goroutines and
+# CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).
+bench-idle:
+	$(GO) run ./bench -idle -out docs
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
