@@ -48,7 +48,6 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
-	returning := false
 	for {
 		select {
 		case l.asking <- struct{}{}:
@@ -56,7 +55,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			return nil, 0, ctx.Err()
 		}
 		sent := clock.Now()
-		r, err := b.reserveAgain(ctx, returning)
+		r, err := b.reserve(ctx)
 		recv := clock.Now()
 		<-l.asking
 		if err != nil {
@@ -73,7 +72,6 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			if err := clock.Sleep(ctx, wait); err != nil {
 				return nil, 0, err
 			}
-			returning = r.reason != inFlightFull
 			continue
 		}
 		// Redis read its clock somewhere between sent and recv, so the tick

@@ -294,13 +294,8 @@ if tick - now > horizon then
   -- Give each deferred caller its own moment to come back, one tick
   -- apart, so that a crowd beyond the horizon polls once per tick in
   -- the order it arrived, not all at once.
-  -- A caller coming back from a deferral has had its turn: it comes back
-  -- again when its tick is near, not behind the whole line.
-  local at = math.max(tick - horizon, now + math.floor(interval / (2 * burst)))
-  if ARGV[20] ~= '1' then
-    at = math.max(at, (tonumber(st[3]) or 0) + math.floor(interval / burst))
-    redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
-  end
+  local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
+  redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
   keepAlive(math.max(at, last or 0) + keep)
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
   return {0, at - now, reason}
@@ -348,11 +343,7 @@ return {1, tick - now, 0}
 
 // reserve asks for the next tick in one Redis round trip. Being deferred
 // is not an error: errors mean Redis failed.
-func (b *Bucket) reserve(ctx context.Context) (reservation, error) { return b.reserveAgain(ctx, false) }
-
-// reserveAgain is reserve; returning says the caller comes back from a
-// deferral (it has had its turn in the line of deferred callers).
-func (b *Bucket) reserveAgain(ctx context.Context, returning bool) (reservation, error) {
+func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
 	var lease string
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
@@ -375,7 +366,7 @@ func (b *Bucket) reserveAgain(ctx context.Context, returning bool) (reservation,
 		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
 		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
-		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, returningArg(returning),
+		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, "",
 		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds()).Int64Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)
@@ -424,11 +415,4 @@ func newLeaseID() string {
 	var buf [12]byte
 	_, _ = rand.Read(buf[:])
 	return hex.EncodeToString(buf[:])
-}
-
-func returningArg(returning bool) string {
-	if returning {
-		return "1"
-	}
-	return "0"
 }
