@@ -135,9 +135,10 @@ func TestTotalIsSharedFairly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Enough callers to hold a horizon of ticks each: while the
-			// total binds, its ticks are reserved about a horizon ahead.
-			for range 12 {
+			// About as many callers as a worker holds: enough for a
+			// horizon and a half of the bucket's own ticks, split between
+			// the replicas.
+			for range (rate*3/2+2)/len(reps) + 1 {
 				wg.Go(func() {
 					for !stop.Load() {
 						p, err := b.Acquire(ctx)

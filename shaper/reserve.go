@@ -129,7 +129,7 @@ end
 local tburst = tonumber(ARGV[14])
 local fair = 0 -- µs per call at the bucket's fair share (0: the total does not bind)
 if tiv > 0 and member ~= '' then
-  redis.call('ZADD', KEYS[9], now + math.max(2 * interval, 1000000), member)
+  redis.call('ZADD', KEYS[9], now + 2 * math.max(interval, horizon), member)
   redis.call('HSET', KEYS[10], member, ARGV[17])
   local sh = redis.call('HMGET', KEYS[8], 'share', 'share_at')
   local share = tonumber(sh[1])
@@ -290,11 +290,18 @@ local function keepAlive(untilv)
   extend(KEYS[7], untilv, now)
 end
 
+-- A bucket held to its fair share reserves only half a horizon ahead, so
+-- that buckets below their share (which keep the whole horizon) find the
+-- total's slots they need before the others take them.
+if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
 if tick - now > horizon then
   -- Give each deferred caller its own moment to come back, one tick
   -- apart, so that a crowd beyond the horizon polls once per tick in
   -- the order it arrived, not all at once.
-  local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
+  -- The line never runs past the caller's own tick: when ticks come later
+  -- than the line foresaw (a total pushed them), callers that come back
+  -- and are deferred again would otherwise lengthen it without bound.
+  local at = math.max(tick - horizon, math.min((tonumber(st[3]) or 0) + math.floor(interval / burst), tick))
   redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
   keepAlive(math.max(at, last or 0) + keep)
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
