@@ -298,10 +298,7 @@ if tick - now > horizon then
   -- Give each deferred caller its own moment to come back, one tick
   -- apart, so that a crowd beyond the horizon polls once per tick in
   -- the order it arrived, not all at once.
-  -- The line never runs past the caller's own tick: when ticks come later
-  -- than the line foresaw (a total pushed them), callers that come back
-  -- and are deferred again would otherwise lengthen it without bound.
-  local at = math.max(tick - horizon, math.min((tonumber(st[3]) or 0) + math.floor(interval / burst), tick))
+  local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
   redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
   keepAlive(math.max(at, last or 0) + keep)
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
