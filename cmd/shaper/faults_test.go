@@ -193,6 +193,7 @@ func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 // TestFault10000MalformedLines: a job file of 10,000 bad lines is refused
 // whole, fast, with a bounded report.
 func TestFault10000MalformedLines(t *testing.T) {
+	t.Parallel() // functional, not timed: runs beside the other light tests
 	addr := redistest.Addr(t)
 	vendor := "malformed-" + redistest.Prefix(t)[5:]
 	cfg := writeConfig(t, addr, vendor, "http://127.0.0.1:1", 10)
