@@ -216,6 +216,7 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 func TestEnqueueBadInput(t *testing.T) {
+	t.Parallel() // functional, not timed: runs beside the other light tests
 	addr := redistest.Addr(t)
 	vendor := "bad-" + redistest.Prefix(t)[5:]
 	cfg := writeConfig(t, addr, vendor, "http://127.0.0.1:1", 10)
@@ -247,6 +248,7 @@ not json
 }
 
 func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
+	t.Parallel() // functional, not timed: runs beside the other light tests
 	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
@@ -409,7 +411,9 @@ func maxIn(ts []time.Time, from, to time.Time, w time.Duration) int {
 }
 
 func TestMetricsAndHealthz(t *testing.T) {
-	srvRedis := redistest.Start(t) // its own Redis: the test kills it
+	t.Parallel() // functional, not timed: runs beside the other light tests
+	// Its own Redis: the test kills it.
+	srvRedis := redistest.Start(t)
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
