@@ -47,7 +47,7 @@ func ceilings(addr string, calls int, rates []int) string {
 	b.WriteString("| shaper, 4 replicas, limit/s | calls | HTTP 429s | most calls in a vendor window / limit | utilisation |\n|---|---|---|---|---|\n")
 	for _, r := range rates {
 		res := run(addr, approaches[0], r, 4, r*5, 15*time.Second)
-		fmt.Fprintf(&b, "| %d | %d/%d | %d | %d / %d | %.0f%% |\n", r, res.Done, res.Calls, res.Throttled, res.MaxWindow, r, 100*res.Utilisation)
+		fmt.Fprintf(&b, "| %d | %d/%d | %d | %d / %d | %.0f%% |\n", r, res.Done, res.Calls, res.RateLimited, res.MaxWindow, r, 100*res.Utilisation)
 	}
 	return b.String()
 }

@@ -32,7 +32,7 @@ type Result struct {
 	Replicas    int
 	Calls       int
 	Done        int
-	Throttled   int
+	RateLimited int
 	MaxWindow   int
 	Utilisation float64 // successful calls per second / the limit per second
 	P50, P99    time.Duration
@@ -87,7 +87,7 @@ func main() {
 				}
 				res := run(addr, a, r, n, r**seconds, time.Duration(*capS)*time.Second)
 				fmt.Fprintf(os.Stderr, "%-34s rate %4d x%d: %5d/%d done, %5d 429s, max %4d/window, util %5.1f%%, p50 %s, p99 %s, took %s\n",
-					res.Approach, r, n, res.Done, res.Calls, res.Throttled, res.MaxWindow, 100*res.Utilisation,
+					res.Approach, r, n, res.Done, res.Calls, res.RateLimited, res.MaxWindow, 100*res.Utilisation,
 					res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond), tookString(res.Took))
 				results = append(results, res)
 			}
@@ -163,7 +163,7 @@ func run(addr string, a approach, rate, replicas, calls int, limit time.Duration
 func measure(name string, vend *vendorsim.Vendor, rate, replicas, calls int, start time.Time, took time.Duration) Result {
 	s := vend.Summarize()
 	res := Result{Approach: name, Rate: rate, Replicas: replicas, Calls: calls, Done: s.DistinctKeys,
-		Throttled: s.Throttled, MaxWindow: s.MaxPerWindow, Took: took}
+		RateLimited: s.RateLimited, MaxWindow: s.MaxPerWindow, Took: took}
 	var ok []time.Time
 	first := map[string]time.Time{}
 	for _, r := range vend.Requests() {

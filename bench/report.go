@@ -13,7 +13,7 @@ func table(results []Result) string {
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d | %d | %d / %d | %.0f%% | %s | %s | %s |\n",
-			r.Approach, r.Rate, r.Replicas, r.Done, r.Calls, r.Throttled, r.MaxWindow, r.Rate,
+			r.Approach, r.Rate, r.Replicas, r.Done, r.Calls, r.RateLimited, r.MaxWindow, r.Rate,
 			100*r.Utilisation, r.P50.Round(10*time.Millisecond), r.P99.Round(10*time.Millisecond), tookString(r.Took))
 	}
 	return b.String()

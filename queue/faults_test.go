@@ -96,7 +96,7 @@ func TestFaultRetriesThrough5xxAndHangs(t *testing.T) {
 		ts = append(ts, r.At)
 	}
 	short := windows.MaxSliding(ts, time.Second-shaper.DefaultGuard)
-	if s.Throttled != 0 || short > vend.Rate {
-		t.Errorf("G1 through the faults: %d 429s, %d calls in a sliding %s", s.Throttled, short, time.Second-shaper.DefaultGuard)
+	if s.RateLimited != 0 || short > vend.Rate {
+		t.Errorf("G1 through the faults: %d 429s, %d calls in a sliding %s", s.RateLimited, short, time.Second-shaper.DefaultGuard)
 	}
 }

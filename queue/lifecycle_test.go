@@ -146,8 +146,8 @@ func TestLogSaysBacklogNotPause(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if s := vendor.Summarize(); s.Throttled > 0 {
-		t.Fatalf("the vendor answered %d 429s; this test needs none", s.Throttled)
+	if s := vendor.Summarize(); s.RateLimited > 0 {
+		t.Fatalf("the vendor answered %d 429s; this test needs none", s.RateLimited)
 	}
 	if strings.Contains(logs.String(), "vendor paused") {
 		t.Errorf("the log says the vendor paused, and it never did:\n%s", logs.String())

@@ -165,9 +165,9 @@ func TestWorkersDrainAtTheRate(t *testing.T) {
 	}
 	iv, _ := p.Tick()
 	util := steadyUtilisation(ts, iv)
-	t.Logf("vendor saw %d requests, %d 429s, max %d per fixed window, %d per sliding window, utilisation %.4f", s.Requests, s.Throttled, s.MaxPerWindow, s.MaxSliding, util)
-	if s.Throttled != 0 || s.MaxPerWindow > 100 || s.MaxSliding > 100 {
-		t.Errorf("G1: %d 429s, %d per fixed window, %d per sliding window", s.Throttled, s.MaxPerWindow, s.MaxSliding)
+	t.Logf("vendor saw %d requests, %d 429s, max %d per fixed window, %d per sliding window, utilisation %.4f", s.Requests, s.RateLimited, s.MaxPerWindow, s.MaxSliding, util)
+	if s.RateLimited != 0 || s.MaxPerWindow > 100 || s.MaxSliding > 100 {
+		t.Errorf("G1: %d 429s, %d per fixed window, %d per sliding window", s.RateLimited, s.MaxPerWindow, s.MaxSliding)
 	}
 	if util < 0.98 {
 		t.Errorf("G2: utilisation %.4f < 0.98", util)
@@ -301,8 +301,8 @@ func TestRateLimitedPausesEveryReplica(t *testing.T) {
 	e.startWorker(nil)
 	waitFor(t, 2*time.Minute, "every call to succeed", func() bool { return vend.Summarize().DistinctKeys == n })
 	s := vend.Summarize()
-	t.Logf("%d requests, %d 429s, %d succeeded", s.Requests, s.Throttled, s.DistinctKeys)
-	if s.Throttled == 0 {
+	t.Logf("%d requests, %d 429s, %d succeeded", s.Requests, s.RateLimited, s.DistinctKeys)
+	if s.RateLimited == 0 {
 		t.Fatal("the vendor never answered 429: the test did not test anything")
 	}
 	// After a 429 the vendor is paused until the next window: the requests

@@ -185,10 +185,10 @@ func TestLongThreeWorkersAndAKill(t *testing.T) {
 	iv, _ := shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}.Tick()
 	util := steadyUtilisation(before, iv)
 	t.Logf("vendor: %d requests, %d 429s, most %d per fixed window (phase %s) and %d per sliding second; %d distinct keys, %d duplicate successes",
-		s.Requests, s.Throttled, s.MaxPerWindow, vend.Phase.Round(time.Millisecond), s.MaxSliding, s.DistinctKeys, s.DuplicateKeys)
+		s.Requests, s.RateLimited, s.MaxPerWindow, vend.Phase.Round(time.Millisecond), s.MaxSliding, s.DistinctKeys, s.DuplicateKeys)
 	t.Logf("three workers: utilisation %.4f over %d calls; after the SIGKILL every call completed %s later", util, len(before), done.Sub(killedAt).Round(time.Second))
-	if s.Throttled != 0 || s.MaxPerWindow > 100 || s.MaxSliding > 100 {
-		t.Errorf("G1: %d 429s, %d per fixed window, %d per sliding window", s.Throttled, s.MaxPerWindow, s.MaxSliding)
+	if s.RateLimited != 0 || s.MaxPerWindow > 100 || s.MaxSliding > 100 {
+		t.Errorf("G1: %d 429s, %d per fixed window, %d per sliding window", s.RateLimited, s.MaxPerWindow, s.MaxSliding)
 	}
 	if util < 0.98 {
 		t.Errorf("G2: utilisation %.4f < 0.98 with three workers", util)

@@ -34,7 +34,7 @@ func reportFault(t *testing.T, vend *vendorsim.Vendor, n int) {
 	s := vend.Summarize()
 	lost := n - s.DistinctKeys
 	t.Logf("fault report: %d calls, %d lost, %d duplicate successes (same Idempotency-Key), %d 429s, most %d in a vendor window (limit %d)",
-		n, lost, s.DuplicateKeys, s.Throttled, s.MaxPerWindow, vend.Rate)
+		n, lost, s.DuplicateKeys, s.RateLimited, s.MaxPerWindow, vend.Rate)
 	if lost != 0 {
 		t.Errorf("%d calls lost", lost)
 	}
@@ -180,7 +180,7 @@ func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 	}
 	s := vend.Summarize()
 	t.Logf("fault report: %d calls, the killed worker held %d, %d of them recovered and completed; every call done %s after the SIGKILL; %d duplicate successes (same Idempotency-Key), %d 429s, most %d per fixed window and %d per sliding second (limit %d)",
-		n, len(held), recovered, done.Sub(killedAt).Round(time.Millisecond), s.DuplicateKeys, s.Throttled, s.MaxPerWindow, s.MaxSliding, vend.Rate)
+		n, len(held), recovered, done.Sub(killedAt).Round(time.Millisecond), s.DuplicateKeys, s.RateLimited, s.MaxPerWindow, s.MaxSliding, vend.Rate)
 	if recovered != len(held) {
 		t.Errorf("%d of the %d calls held by the killed worker went through asynq's recovery to completion", recovered, len(held))
 	}
@@ -196,8 +196,8 @@ func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 	// logged, not asserted. A burst after the restart (4 calls or more
 	// above the spacing) still fails the shortened window.
 	short := windows.MaxSliding(requestTimes(vend), time.Second-shaper.DefaultGuard)
-	if s.Throttled != 0 || s.MaxPerWindow > 100 || short > 100 {
-		t.Errorf("G1 across the kill: %d 429s, %d per fixed window, %d per sliding %s", s.Throttled, s.MaxPerWindow, short, time.Second-shaper.DefaultGuard)
+	if s.RateLimited != 0 || s.MaxPerWindow > 100 || short > 100 {
+		t.Errorf("G1 across the kill: %d 429s, %d per fixed window, %d per sliding %s", s.RateLimited, s.MaxPerWindow, short, time.Second-shaper.DefaultGuard)
 	}
 }
 

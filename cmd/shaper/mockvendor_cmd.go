@@ -77,7 +77,7 @@ requests, 429s and the most requests in any of its windows.`,
 			}
 			s := v.Summarize()
 			fmt.Fprintf(cmd.OutOrStdout(), "summary: %d requests, %d answered 429, most in one %s window: %d (limit %d), most in any sliding %s: %d\n",
-				s.Requests, s.Throttled, window, s.MaxPerWindow, rate, window, s.MaxSliding)
+				s.Requests, s.RateLimited, window, s.MaxPerWindow, rate, window, s.MaxSliding)
 			return nil
 		},
 	}

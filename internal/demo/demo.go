@@ -60,7 +60,7 @@ type Verdict struct {
 	Approach     string
 	Done         int
 	Calls        int
-	Throttled    int // 429s
+	RateLimited  int // 429s
 	MaxPerWindow int // most calls the vendor saw in one of its windows
 	Limit        int
 	Utilisation  float64 // successful calls per second / the vendor's limit per second
@@ -154,8 +154,8 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 			naiveDone = el
 		}
 		fmt.Fprintf(out, "%5.0fs  shaper: %4d/%d done %3d/s, %4d 429s  |  token bucket: %4d/%d done %3d/s, %4d 429s\n",
-			el.Seconds(), s.DistinctKeys, o.Calls, s.DistinctKeys-prev[0], s.Throttled,
-			n.DistinctKeys, o.Calls, n.DistinctKeys-prev[1], n.Throttled)
+			el.Seconds(), s.DistinctKeys, o.Calls, s.DistinctKeys-prev[0], s.RateLimited,
+			n.DistinctKeys, o.Calls, n.DistinctKeys-prev[1], n.RateLimited)
 		prev = [2]int{s.DistinctKeys, n.DistinctKeys}
 		if (shapedDone > 0 && naiveDone > 0) || time.Now().After(deadline) {
 			break
@@ -173,7 +173,7 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 		if v.Took > 0 {
 			took = v.Took.Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d (limit %d)\t%.0f%%\t%s\n", v.Approach, v.Done, v.Calls, v.Throttled, v.MaxPerWindow, v.Limit, 100*v.Utilisation, took)
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d (limit %d)\t%.0f%%\t%s\n", v.Approach, v.Done, v.Calls, v.RateLimited, v.MaxPerWindow, v.Limit, 100*v.Utilisation, took)
 	}
 	tw.Flush()
 	return verdicts, nil
@@ -193,6 +193,6 @@ func verdict(name string, v *vendorsim.Vendor, o Options, took, elapsed time.Dur
 		perSecond := float64(len(ok)-1) / ok[len(ok)-1].Sub(ok[0]).Seconds()
 		util = perSecond / (float64(o.Rate) / o.Window.Seconds())
 	}
-	return Verdict{Approach: name, Done: s.DistinctKeys, Calls: o.Calls, Throttled: s.Throttled,
+	return Verdict{Approach: name, Done: s.DistinctKeys, Calls: o.Calls, RateLimited: s.RateLimited,
 		MaxPerWindow: s.MaxPerWindow, Limit: o.Rate, Utilisation: util, Took: took}
 }

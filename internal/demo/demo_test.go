@@ -24,10 +24,10 @@ func TestDemo(t *testing.T) {
 	}
 	t.Log("\n" + out.String())
 	shaped, naive := v[0], v[1]
-	if shaped.Done != calls || shaped.Throttled != 0 || shaped.MaxPerWindow > rate {
+	if shaped.Done != calls || shaped.RateLimited != 0 || shaped.MaxPerWindow > rate {
 		t.Errorf("shaper: %+v; want every call done, no 429, at most 50 per window", shaped)
 	}
-	if naive.Throttled == 0 || naive.MaxPerWindow <= rate {
+	if naive.RateLimited == 0 || naive.MaxPerWindow <= rate {
 		t.Errorf("the token bucket per worker got no 429s (%+v): the comparison shows nothing", naive)
 	}
 	if !strings.Contains(out.String(), "APPROACH") || !strings.Contains(out.String(), "token bucket per worker") {

@@ -111,7 +111,7 @@ func (v *Vendor) Requests() []Request {
 // Summary is what a run looked like from the vendor's side.
 type Summary struct {
 	Requests      int
-	Throttled     int // 429s
+	RateLimited   int // 429s
 	MaxPerWindow  int // most requests in one of the vendor's fixed windows
 	MaxSliding    int // most requests in any sliding window of the same length
 	DistinctKeys  int // distinct Idempotency-Keys among 2xx answers
@@ -128,7 +128,7 @@ func (v *Vendor) Summarize() Summary {
 	for _, r := range reqs {
 		ts = append(ts, r.At)
 		if r.Status == http.StatusTooManyRequests {
-			s.Throttled++
+			s.RateLimited++
 		}
 		if r.Status >= 200 && r.Status < 300 {
 			if ok[r.Key] {
