@@ -3,6 +3,7 @@ package shaper
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,7 +68,8 @@ func (c *Control) Replicas(ctx context.Context) ([]ReplicaTick, error) {
 		nowUS = now.UnixMicro()
 	}
 	var out []ReplicaTick
-	for id, v := range all {
+	for field, v := range all {
+		id, _, _ := strings.Cut(field, "|") // grants record "replica|interval|burst"
 		var iv, burst, seen int64
 		if _, err := fmt.Sscanf(v, "%d|%d|%d", &iv, &burst, &seen); err != nil {
 			continue

@@ -99,8 +99,11 @@ local tiv = tonumber(ARGV[13])
 
 -- While replicas disagree on the config (a rolling edit), the most
 -- conservative tick among those granted one lately wins.
+-- Each replica records the tick of every policy it grants under (a
+-- reload leaves callers of the old policy waiting beside the new ones), so
+-- a lowered rate applies to all of them at once.
 if ARGV[12] ~= '' then
-  redis.call('HSET', KEYS[5], ARGV[12], ARGV[2] .. '|' .. ARGV[3] .. '|' .. string.format('%d', now))
+  redis.call('HSET', KEYS[5], ARGV[12] .. '|' .. ARGV[2] .. '|' .. ARGV[3], ARGV[2] .. '|' .. ARGV[3] .. '|' .. string.format('%d', now))
 end
 local peers = redis.call('HGETALL', KEYS[5])
 for i = 2, #peers, 2 do
@@ -108,6 +111,8 @@ for i = 2, #peers, 2 do
   if iv and now - tonumber(seen) < tonumber(ARGV[9]) then
     if tonumber(iv) > interval then interval = tonumber(iv) end
     if tonumber(b) < burst then burst = tonumber(b) end
+  elseif iv and now - tonumber(seen) > 12 * tonumber(ARGV[9]) then
+    redis.call('HDEL', KEYS[5], peers[i - 1])
   end
 end
 
