@@ -16,7 +16,7 @@ test:
 # The long scenarios (TestLong..., marked with redistest.Long): a minute of
 # rate learning, fault runs through the CLI worker with asynq's default
 # retry backoff, three workers and a SIGKILL that waits out asynq's lease.
-# About 6 minutes; CI runs it after make test.
+# About 4.5 minutes; CI runs it after make test.
 LONG_PKGS := $(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .)))
 test-long:
 	$(GO) test -race -count=1 -p 1 -parallel 8 -run '^TestLong' $(or $(LONG_PKGS),./...)
