@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/vendorclients"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -23,14 +24,10 @@ var (
 )
 
 // accountRef is the placeholder of a call's account in base_url.
-const accountRef = "{account}"
+const accountRef = vendorclients.AccountRef
 
 // sampleAccount stands in for {account} when base_url is checked.
 const sampleAccount = "store-42"
-
-// hostAccount is what an account name must be to stand in a host name:
-// one DNS label of lower-case letters, digits and '-'.
-var hostAccount = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
 
 // placeholder matches what looks like a placeholder in base_url.
 var placeholder = regexp.MustCompile(`\{[^{}/]*\}`)
@@ -96,7 +93,7 @@ func (p *parser) overrides(t string, raw any, vd Vendor, vendorOK bool) []Overri
 		case string:
 			if err := queue.CheckAccount(a); err != nil {
 				fail("%w", err)
-			} else if inHost && !hostAccount.MatchString(a) {
+			} else if _, err := vendorclients.AccountBaseURL(vd.BaseURL, a); inHost && err != nil {
 				fail("account %q cannot stand in base_url's host name %q: there an account name is 1 to 63 of a-z, 0-9 and '-'; rename the account or move {account} to the path", a, vd.BaseURL)
 			} else if first, dup := seen[a]; dup {
 				fail("account %q is already overridden by item %d; merge the two items", a, first)

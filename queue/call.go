@@ -37,8 +37,13 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		if h == nil {
 			return fmt.Errorf("queue: no handler for task type %q on vendor %s's queue; register it with Worker.Handle (retried)", t.Type(), rt.vendor.Name)
 		}
-		err := h(ctx, t, rt.client)
-		if d := w.asDeferral(ctx, rt, err); d != nil {
+		account := t.Headers()[accountHeader]
+		client, err := rt.clientFor(account)
+		if err != nil {
+			return err
+		}
+		err = h(ctx, t, client)
+		if d := w.asDeferral(ctx, rt, account, err); d != nil {
 			return d
 		}
 		return err
@@ -51,20 +56,26 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		return fmt.Errorf("malformed call payload: %w: %w", err, asynq.SkipRetry)
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	err := w.doCall(ctx, rt, t, id, call)
+	client, err := rt.clientFor(call.Account)
+	if err == nil {
+		err = w.doCall(ctx, rt, client, t, id, call)
+	}
 	w.markEnd(ctx, call.Export, id, err)
 	return err
 }
 
 // asDeferral turns a long wait or a rate-limited answer into a deferral:
 // back to the queue without using a retry. Long waits also pause the
-// vendor's asynq queue. It returns nil for other errors.
-func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, err error) *deferError {
+// vendor's asynq queue, unless the wait is one account's (its other
+// accounts' calls share the queue). It returns nil for other errors.
+func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, account string, err error) *deferError {
 	var we *vendorclients.WaitError
 	var rl *vendorclients.RateLimitedError
 	switch {
 	case errors.As(err, &we):
-		w.pauseQueue(ctx, rt, we.Wait)
+		if account == "" {
+			w.pauseQueue(ctx, rt, we.Wait)
+		}
 		return &deferError{Wait: we.Wait}
 	case errors.As(err, &rl):
 		return &deferError{Wait: max(rl.RetryAfter, time.Second)}
@@ -72,13 +83,13 @@ func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, err error) *
 	return nil
 }
 
-func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, id string, call Call) error {
+func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorclients.Client, t *asynq.Task, id string, call Call) error {
 	for attempt := 1; ; attempt++ {
 		var body io.Reader
 		if len(call.Body) > 0 {
 			body = bytes.NewReader(call.Body)
 		}
-		req, err := rt.client.NewRequest(ctx, call.Method, call.Path, body)
+		req, err := client.NewRequest(ctx, call.Method, call.Path, body)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 		}
@@ -89,14 +100,14 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, t *asynq.Task, i
 			req.Header.Set("Content-Type", "application/json")
 		}
 		req.Header.Set("Idempotency-Key", id)
-		resp, err := rt.client.Do(req)
+		resp, err := client.Do(req)
 		var rl *vendorclients.RateLimitedError
 		if errors.As(err, &rl) && attempt < 10 {
 			// The vendor is paused for every replica: wait for the next
 			// tick after the pause, in this goroutine while it is short.
 			continue
 		}
-		if d := w.asDeferral(ctx, rt, err); d != nil {
+		if d := w.asDeferral(ctx, rt, call.Account, err); d != nil {
 			return d
 		}
 		if err != nil {

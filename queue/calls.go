@@ -46,6 +46,7 @@ func ParseCalls(r io.Reader) ([]Call, error) {
 			continue
 		}
 		call, err := parseCallLine(text)
+		call.line = line
 		if err == nil && call.ID != "" {
 			if first, dup := seen[call.ID]; dup {
 				err = fmt.Errorf("id %q is also on line %d; ids must be unique", call.ID, first)
@@ -71,6 +72,7 @@ func ParseCalls(r io.Reader) ([]Call, error) {
 func parseCallLine(text []byte) (Call, error) {
 	var j struct {
 		ID      *string           `json:"id"`
+		Account *string           `json:"account"`
 		Method  *string           `json:"method"`
 		Path    *string           `json:"path"`
 		Headers map[string]string `json:"headers"`
@@ -81,7 +83,7 @@ func parseCallLine(text []byte) (Call, error) {
 	if err := dec.Decode(&j); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
-			msg += " (a call line has id, method, path, headers and body)"
+			msg += " (a call line has id, account, method, path, headers and body)"
 		}
 		return Call{}, fmt.Errorf("not a call object: %s", msg)
 	}
@@ -94,6 +96,9 @@ func parseCallLine(text []byte) (Call, error) {
 	c := Call{Path: *j.Path, Headers: j.Headers, Body: j.Body}
 	if j.ID != nil {
 		c.ID = *j.ID
+	}
+	if j.Account != nil {
+		c.Account = *j.Account
 	}
 	if j.Method != nil {
 		c.Method = *j.Method

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
 	"strings"
@@ -42,6 +43,9 @@ var (
 // Call is one HTTP call to a vendor.
 type Call struct {
 	Vendor string `json:"vendor"`
+	// Account names the account of a per-account vendor the call belongs
+	// to (its bucket); calls to other vendors have none.
+	Account string `json:"account,omitempty"`
 	// ID, when set, makes enqueueing idempotent: it becomes the task id
 	// and the Idempotency-Key header, and a second call with the same id
 	// is refused with ErrDuplicate while the first is kept.
@@ -53,6 +57,8 @@ type Call struct {
 	// unless Headers set one.
 	Body   json.RawMessage `json:"body,omitempty"`
 	Export string          `json:"export,omitempty"` // the export it belongs to, if any
+
+	line int // its line in a call file (ParseCalls), for errors
 }
 
 var (
@@ -177,6 +183,9 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err := call.Validate(); err != nil {
 		return "", err
 	}
+	if err := c.checkAccount(call.Vendor, call.Account); err != nil {
+		return "", err
+	}
 	if err := c.Room(ctx, call.Vendor, 1); err != nil {
 		return "", err
 	}
@@ -188,7 +197,7 @@ func (c *Client) enqueueChecked(ctx context.Context, call Call) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
-	info, err := c.EnqueueTask(ctx, call.Vendor, asynq.NewTask(TypeCall, payload), taskIDOption(call.ID)...)
+	info, err := c.EnqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), taskIDOption(call.ID)...)
 	if err != nil {
 		return call.ID, err
 	}
@@ -202,22 +211,89 @@ func taskIDOption(id string) []asynq.Option {
 	return []asynq.Option{asynq.TaskID(id)}
 }
 
-// EnqueueTask queues a task of the user's own type on vendor's queue, with
-// shaper's retry budget and retention; opts may override them. Register
-// its handler with Worker.Handle.
-func (c *Client) EnqueueTask(ctx context.Context, vendor string, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
-	if _, err := c.vendor(vendor); err != nil {
+// Target is where a task goes: a vendor, and for a per-account vendor one
+// of its accounts.
+type Target struct {
+	Vendor  string
+	Account string
+}
+
+// accountHeader carries a task's account (a task of the user's own type
+// has no payload of shaper's).
+const accountHeader = "shaper-account"
+
+// EnqueueTask queues a task of the user's own type on the target vendor's
+// queue (and account's bucket), with shaper's retry budget and retention;
+// opts may override them. Register its handler with Worker.Handle.
+func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	if err := c.checkAccount(to.Vendor, to.Account); err != nil {
 		return nil, err
 	}
-	all := append([]asynq.Option{asynq.Queue(QueueName(vendor)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
+	if to.Account != "" {
+		headers := maps.Clone(t.Headers())
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[accountHeader] = to.Account
+		t = asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+	}
+	all := append([]asynq.Option{asynq.Queue(QueueName(to.Vendor)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
 	info, err := c.aq.EnqueueContext(ctx, t, all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, vendor)
+		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, to.Vendor)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("queue: enqueue on %s: %w", vendor, err)
+		return nil, fmt.Errorf("queue: enqueue on %s: %w", to.Vendor, err)
 	}
 	return info, nil
+}
+
+// checkCalls validates calls, all on vendor, and reports every bad one
+// (as a *LineError when the call came from a call file), joined.
+func (c *Client) checkCalls(vendor string, calls []Call) error {
+	var errs []error
+	for i := range calls {
+		calls[i].Vendor = vendor
+		err := calls[i].Validate()
+		if err == nil {
+			err = c.checkAccount(vendor, calls[i].Account)
+		}
+		if errors.Is(err, ErrUnknownVendor) {
+			return err
+		}
+		switch {
+		case err == nil:
+		case calls[i].line > 0:
+			errs = append(errs, &LineError{Line: calls[i].line, Err: err})
+		default:
+			errs = append(errs, fmt.Errorf("call %d: %w", i+1, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkAccount checks that a call to vendor names an account exactly when
+// the vendor is per-account, and that the account is valid there.
+func (c *Client) checkAccount(vendor, account string) error {
+	v, err := c.vendor(vendor)
+	if err != nil {
+		return err
+	}
+	switch {
+	case v.PerAccount && account == "":
+		return fmt.Errorf("%w: vendor %s limits each account on its own: the call needs an account (\"account\" in a call line, --account, Call.Account)", ErrBadCall, vendor)
+	case !v.PerAccount && account != "":
+		return fmt.Errorf("%w: vendor %s is not per-account (per_account = true in its config): the call must not name an account, and it names %q", ErrBadCall, vendor, account)
+	case account == "":
+		return nil
+	}
+	if err := CheckAccount(account); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadCall, err)
+	}
+	if _, err := vendorclients.AccountBaseURL(v.BaseURL, account); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadCall, err)
+	}
+	return nil
 }
 
 // BatchResult counts what EnqueueBatch did.
@@ -232,11 +308,8 @@ type BatchResult struct {
 // id is already queued are counted, not added again.
 func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) (BatchResult, error) {
 	var res BatchResult
-	for i := range calls {
-		calls[i].Vendor = vendor
-		if err := calls[i].Validate(); err != nil {
-			return res, fmt.Errorf("call %d: %w", i+1, err)
-		}
+	if err := c.checkCalls(vendor, calls); err != nil {
+		return res, err
 	}
 	if err := c.Room(ctx, vendor, len(calls)); err != nil {
 		return res, err

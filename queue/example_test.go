@@ -48,7 +48,7 @@ func Example() {
 	fmt.Println("queued", id)
 
 	// A task of our own on acme's queue: one export page, several calls.
-	if _, err := client.EnqueueTask(ctx, "acme", asynq.NewTask("export:page", []byte(`{"page":3}`))); err != nil {
+	if _, err := client.EnqueueTask(ctx, queue.Target{Vendor: "acme"}, asynq.NewTask("export:page", []byte(`{"page":3}`))); err != nil {
 		log.Fatal(err)
 	}
 

@@ -55,7 +55,7 @@ func TestHandleServesVendorsAddedByApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("apply: %v", notes)
-	if _, err := e.newClient().EnqueueTask(context.Background(), added, asynq.NewTask("test:ping", nil)); err != nil {
+	if _, err := e.newClient().EnqueueTask(context.Background(), Target{Vendor: added}, asynq.NewTask("test:ping", nil)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -213,7 +213,7 @@ func TestQueueStatsMatchesAsynq(t *testing.T) {
 	defer srv.Shutdown()
 	defer close(release)
 	for _, typ := range []string{"test:fail", "test:fail", "test:fail", "test:block", "test:block"} {
-		if _, err := c.EnqueueTask(ctx, name, asynq.NewTask(typ, nil)); err != nil {
+		if _, err := c.EnqueueTask(ctx, Target{Vendor: name}, asynq.NewTask(typ, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -226,11 +226,11 @@ func TestQueueStatsMatchesAsynq(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 4 {
-		if _, err := c.EnqueueTask(ctx, name, asynq.NewTask("test:block", nil)); err != nil {
+		if _, err := c.EnqueueTask(ctx, Target{Vendor: name}, asynq.NewTask("test:block", nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.EnqueueTask(ctx, name, asynq.NewTask("test:block", nil), asynq.ProcessIn(time.Hour)); err != nil {
+	if _, err := c.EnqueueTask(ctx, Target{Vendor: name}, asynq.NewTask("test:block", nil), asynq.ProcessIn(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	var qi *asynq.QueueInfo

@@ -13,6 +13,7 @@ import (
 type plan struct {
 	added   []*vendorRuntime
 	changed map[string]*shaper.Bucket
+	shapes  map[string]*accountShape // per-account vendors' new shapes
 	vendors []Vendor
 	notes   []string
 }
@@ -29,7 +30,7 @@ type plan struct {
 func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 	w.applyMu.Lock()
 	defer w.applyMu.Unlock()
-	p := &plan{changed: map[string]*shaper.Bucket{}, vendors: vendors}
+	p := &plan{changed: map[string]*shaper.Bucket{}, shapes: map[string]*accountShape{}, vendors: vendors}
 	w.mu.Lock()
 	current := maps.Clone(w.vendors)
 	w.mu.Unlock()
@@ -49,6 +50,14 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 			return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
 		}
 		p.changed[v.Name] = b
+		sh, err := w.shapeOf(v)
+		if err != nil {
+			return nil, err
+		}
+		p.shapes[v.Name] = sh
+		if v.PerAccount != rt.vendor.PerAccount {
+			p.notes = append(p.notes, fmt.Sprintf("vendor %s: per_account changed: calls already queued keep their account (or none) and are refused by the new shape", v.Name))
+		}
 		oldIv, oldBurst := rt.bucket().Policy().Tick()
 		newIv, newBurst := b.Policy().Tick()
 		if oldIv != newIv || oldBurst != newBurst {
@@ -108,7 +117,8 @@ func (w *Worker) commitLocked(p *plan, start func(*vendorRuntime) error) ([]*ven
 		if b, ok := p.changed[v.Name]; ok {
 			rt := w.vendors[v.Name]
 			rt.client.SetBucket(b) // the whole policy: limits, in-flight cap, adaptation
-			rt.vendor.Policy = v.Policy
+			rt.shape.Store(p.shapes[v.Name])
+			rt.vendor.Policy, rt.vendor.PerAccount, rt.vendor.Overrides, rt.vendor.Total = v.Policy, v.PerAccount, v.Overrides, v.Total
 		}
 	}
 	for _, rt := range p.added {

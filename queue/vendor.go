@@ -38,6 +38,11 @@ type Vendor struct {
 // maxConcurrency caps a vendor's worker budget sized from its rate.
 const maxConcurrency = 1000
 
+// perAccountBudget is how many accounts' worth of calls a per-account
+// vendor without a total holds at once, when its budget is sized from one
+// account's rate. (Set concurrency to size it yourself.)
+const perAccountBudget = 16
+
 // concurrency sizes a vendor's worker budget: enough goroutines to hold a
 // horizon of granted ticks plus the calls in flight, so that no tick is
 // lost to slow pick-up, and each replica alone can carry the full rate if
@@ -46,7 +51,13 @@ func (v Vendor) concurrency() int {
 	if v.Concurrency > 0 {
 		return v.Concurrency
 	}
-	iv, burst := v.Policy.Tick()
+	policy, accounts := v.Policy, 1
+	if v.PerAccount && v.Total != nil {
+		policy = *v.Total // all accounts together
+	} else if v.PerAccount {
+		accounts = perAccountBudget // accounts busy at once, from one process
+	}
+	iv, burst := policy.Tick()
 	perSecond := float64(burst) * float64(time.Second) / float64(iv)
 	timeout := v.Timeout
 	if timeout <= 0 {
@@ -57,7 +68,7 @@ func (v Vendor) concurrency() int {
 		hold = shaper.DefaultHorizon
 	}
 	hold += min(timeout, time.Second)
-	n := int(math.Ceil(perSecond*hold.Seconds())) + burst
+	n := (int(math.Ceil(perSecond*hold.Seconds())) + burst) * accounts
 	return max(2, min(n, maxConcurrency))
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -60,13 +61,72 @@ type vendorRuntime struct {
 	secrets []string // header values to redact from results and errors
 	queue   string
 	client  *vendorclients.Client
-	server  *asynq.Server      // nil until started
-	stop    context.CancelFunc // ends the vendor's supervisor
-	done    chan struct{}      // closed when the supervisor has returned
+	shape   atomic.Pointer[accountShape] // per-account vendors: how each account is shaped
+	server  *asynq.Server                // nil until started
+	stop    context.CancelFunc           // ends the vendor's supervisor
+	done    chan struct{}                // closed when the supervisor has returned
 }
 
-// bucket is the vendor's current gate bucket (it changes on reload).
+// bucket is the vendor's current gate bucket (it changes on reload); for a
+// per-account vendor it reads the vendor's group-wide stats.
 func (rt *vendorRuntime) bucket() *shaper.Bucket { return rt.client.Bucket() }
+
+// accountShape is how a per-account vendor shapes each account: a group
+// (with the vendor's total, if any) and the accounts' policies.
+type accountShape struct {
+	group     *shaper.Group
+	policy    shaper.Policy
+	overrides map[string]shaper.Policy
+}
+
+// shapeOf builds v's account shape, checking every policy; nil for a
+// vendor that is not per-account.
+func (w *Worker) shapeOf(v Vendor) (*accountShape, error) {
+	if !v.PerAccount {
+		return nil, nil
+	}
+	group, err := w.gate.Group(bucketName(v.Name), v.Total)
+	if err != nil {
+		return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
+	}
+	if err := v.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
+	}
+	for account, p := range v.Overrides {
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("queue: vendor %s, account %s: %w", v.Name, account, err)
+		}
+	}
+	return &accountShape{group: group, policy: v.Policy, overrides: v.Overrides}, nil
+}
+
+// clientFor returns the client of one call: the vendor's, or for a
+// per-account vendor one of the account, shaped by the account's bucket.
+// Handles are made per call: nothing is kept per account.
+func (rt *vendorRuntime) clientFor(account string) (*vendorclients.Client, error) {
+	sh := rt.shape.Load()
+	switch {
+	case sh == nil && account == "":
+		return rt.client, nil
+	case sh == nil:
+		return nil, fmt.Errorf("vendor %s is not per-account, and the task names account %q: %w", rt.vendor.Name, account, asynq.SkipRetry)
+	case account == "":
+		return nil, fmt.Errorf("vendor %s is per-account, and the task names no account: %w", rt.vendor.Name, asynq.SkipRetry)
+	}
+	p := sh.policy
+	if o, ok := sh.overrides[account]; ok {
+		p = o
+	}
+	b, err := sh.group.Bucket(account, p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	c, err := rt.client.ForAccount(account, b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	return c, nil
+}
 
 // Worker runs the tasks of every configured vendor: one asynq.Server per
 // vendor on one shared Redis client. Run it once; Apply changes its vendors
@@ -158,7 +218,13 @@ func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
-	return &vendorRuntime{vendor: v, secrets: v.secrets(), queue: QueueName(v.Name), client: client}, nil
+	sh, err := w.shapeOf(v)
+	if err != nil {
+		return nil, err
+	}
+	rt := &vendorRuntime{vendor: v, secrets: v.secrets(), queue: QueueName(v.Name), client: client}
+	rt.shape.Store(sh)
+	return rt, nil
 }
 
 // Buckets returns the vendors' current gate buckets (for stats and

@@ -70,6 +70,24 @@ func parseBase(s string) (*url.URL, error) {
 	return base, nil
 }
 
+// ForAccount returns a client of one account of the vendor: its base_url
+// with {account} replaced (see AccountBaseURL), its requests shaped by
+// bucket (the account's). It shares the client's options and base
+// transport, and costs a few small allocations: make one per call.
+func (c *Client) ForAccount(account string, bucket *shaper.Bucket) (*Client, error) {
+	raw, err := AccountBaseURL(c.vendor.BaseURL, account)
+	if err != nil {
+		return nil, err
+	}
+	base, err := parseBase(raw)
+	if err != nil {
+		return nil, fmt.Errorf("vendorclients: vendor %s, account %s: %w", c.vendor.Name, account, err)
+	}
+	t := &transport{base: c.transport.base, vendor: c.vendor, maxWait: c.transport.maxWait, log: c.transport.log, observer: c.transport.observer}
+	t.bucket.Store(bucket)
+	return &Client{vendor: c.vendor, base: base, transport: t}, nil
+}
+
 // Vendor returns the client's vendor, with defaults applied.
 func (c *Client) Vendor() Vendor { return c.vendor }
 

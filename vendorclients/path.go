@@ -3,6 +3,7 @@ package vendorclients
 import (
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 )
 
@@ -32,4 +33,36 @@ func CheckPath(p string) error {
 		return fmt.Errorf("vendorclients: %w: %q has a backslash or control character", ErrBadPath, p)
 	}
 	return nil
+}
+
+// AccountRef is the placeholder of a call's account in a base_url.
+const AccountRef = "{account}"
+
+// hostAccount is what an account must be to stand in a host name: one DNS
+// label of lower-case letters, digits and '-'.
+var hostAccount = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
+
+// AccountBaseURL returns base with {account} replaced by account:
+// path-escaped in the path, and in the host only when account is a DNS
+// label (1-63 of a-z 0-9 -). A base without {account} is returned as is.
+func AccountBaseURL(base, account string) (string, error) {
+	if !strings.Contains(base, AccountRef) {
+		return base, nil
+	}
+	scheme, rest, ok := strings.Cut(base, "://")
+	if !ok {
+		return "", fmt.Errorf("vendorclients: base_url %q is not an absolute URL", base)
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	if strings.Contains(host, AccountRef) {
+		if !hostAccount.MatchString(account) {
+			return "", fmt.Errorf("vendorclients: account %q cannot stand in the host of %s: it must be one DNS label, 1-63 of a-z 0-9 -", account, base)
+		}
+		host = strings.ReplaceAll(host, AccountRef, account)
+	}
+	out := scheme + "://" + host
+	if path != "" || strings.HasSuffix(rest, "/") {
+		out += "/" + strings.ReplaceAll(path, AccountRef, url.PathEscape(account))
+	}
+	return out, nil
 }
