@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/queue"
-	"github.com/shaper-dev/shaper/vendorclients"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 var (
