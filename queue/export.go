@@ -57,6 +57,9 @@ func (c *Client) StartExport(ctx context.Context, id, vendor string, calls []Cal
 	for i := range calls {
 		calls[i].Export = id
 	}
+	if err := c.checkCalls(vendor, calls); err != nil {
+		return Export{}, BatchResult{}, err // nothing recorded, nothing queued
+	}
 	e := Export{ID: id, Vendor: vendor, Total: int64(len(calls)), Created: time.Now().UTC()}
 	key := exportKey(c.cfg.KeyPrefix, id)
 	ttl := c.cfg.Retention + exportGrace

@@ -18,14 +18,16 @@ import (
 )
 
 func newEnqueueCmd() *cobra.Command {
-	var vendor, path, method, body, file, id string
+	var vendor, account, path, method, body, file, id string
 	var headers []string
 	cmd := &cobra.Command{
 		Use:   "enqueue",
 		Short: "Queue one vendor call, or one per line of an NDJSON file",
 		Long: `Queue one call (--path) or every line of an NDJSON file (--file, - for stdin):
 
-  {"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
+  {"id":"order-1042","account":"store-42","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
+
+"account" (or --account) names the account of a per-account vendor.
 
 Every line is validated first; bad lines are reported with their numbers and
 nothing is enqueued. An id makes enqueueing idempotent: re-running a file
@@ -36,24 +38,24 @@ queues nothing twice.`,
 				return errors.New("--vendor is required")
 			}
 			if (path == "") == (file == "") {
-				return errors.New("give either --path (one call) or --file (an NDJSON job file)")
+				return errors.New("give either --path (one call) or --file (an NDJSON call file)")
 			}
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				out := cmd.OutOrStdout()
 				if file != "" {
-					calls, err := readJobs(cmd, file)
+					cf, err := readCalls(cmd, file, account)
 					if err != nil {
 						return err
 					}
-					res, err := c.EnqueueBatch(ctx, vendor, calls)
+					res, err := c.EnqueueBatch(ctx, vendor, cf.calls)
 					if err != nil {
-						return err
+						return badLines(cf.name, err)
 					}
 					waiting, _ := c.Waiting(ctx, vendor)
 					fmt.Fprintf(out, "enqueued %d, already queued %d, on vendor %s (%d waiting)\n", res.Enqueued, res.AlreadyQueued, vendor, waiting)
 					return nil
 				}
-				call := queue.Call{Vendor: vendor, ID: id, Method: strings.ToUpper(method), Path: path}
+				call := queue.Call{Vendor: vendor, Account: account, ID: id, Method: strings.ToUpper(method), Path: path}
 				if body != "" {
 					call.Body = json.RawMessage(body)
 				}
@@ -82,49 +84,71 @@ queues nothing twice.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&vendor, "vendor", "", "vendor name (a [vendors.NAME] table)")
+	f.StringVar(&account, "account", "", "the account of a per-account vendor the call belongs to (with --file: of every line that names none)")
 	f.StringVar(&path, "path", "", "path on the vendor's base_url, e.g. /orders/1042")
 	f.StringVar(&method, "method", "GET", "HTTP method")
 	f.StringArrayVar(&headers, "header", nil, "header 'Name: value' (repeatable)")
 	f.StringVar(&body, "body", "", "JSON body")
 	f.StringVar(&id, "id", "", "call id: makes enqueueing idempotent and is the Idempotency-Key")
-	f.StringVar(&file, "file", "", "NDJSON job file, - for stdin")
+	f.StringVar(&file, "file", "", "NDJSON call file, - for stdin")
 	return cmd
 }
 
-// readJobs reads and validates a job file; all bad lines in one error.
-func readJobs(cmd *cobra.Command, file string) ([]queue.Call, error) {
+// callFile is a call file read and checked: its calls, each with the
+// --account given when its line names none.
+type callFile struct {
+	name  string
+	calls []queue.Call
+}
+
+// readCalls reads and validates a call file; all bad lines in one error.
+func readCalls(cmd *cobra.Command, file, account string) (callFile, error) {
 	var r io.Reader = cmd.InOrStdin()
 	name := "stdin"
 	if file != "-" {
 		f, err := os.Open(file)
 		if err != nil {
-			return nil, err
+			return callFile{}, err
 		}
 		defer f.Close()
 		r, name = f, file
 	}
 	calls, err := queue.ParseCalls(r)
 	if err != nil {
-		var b strings.Builder
-		n := 0
-		for _, e := range unwrapJoined(err) {
-			var le *queue.LineError
-			if errors.As(e, &le) {
-				n++
-				if n <= 50 {
-					fmt.Fprintf(&b, "%s:%d: %v\n", name, le.Line, le.Err)
-				}
-			}
-		}
-		if n > 50 {
-			fmt.Fprintf(&b, "... and %d more\n", n-50)
-		}
-		return nil, fmt.Errorf("%d bad line(s) in %s; nothing was enqueued:\n%s", n, name, strings.TrimRight(b.String(), "\n"))
+		return callFile{}, badLines(name, err)
 	}
 	if len(calls) == 0 {
-		return nil, fmt.Errorf("%s has no call lines; nothing was enqueued", name)
+		return callFile{}, fmt.Errorf("%s has no call lines; nothing was enqueued", name)
 	}
-	return calls, nil
+	for i := range calls {
+		if calls[i].Account == "" {
+			calls[i].Account = account
+		}
+	}
+	return callFile{name: name, calls: calls}, nil
+}
+
+// badLines reports the bad lines of a call file, up to 50, as name:line:
+// reasons; other errors pass through.
+func badLines(name string, err error) error {
+	var b strings.Builder
+	n := 0
+	for _, e := range unwrapJoined(err) {
+		var le *queue.LineError
+		if errors.As(e, &le) {
+			n++
+			if n <= 50 {
+				fmt.Fprintf(&b, "%s:%d: %v\n", name, le.Line, le.Err)
+			}
+		}
+	}
+	if n == 0 {
+		return err
+	}
+	if n > 50 {
+		fmt.Fprintf(&b, "... and %d more\n", n-50)
+	}
+	return fmt.Errorf("%d bad line(s) in %s; nothing was enqueued:\n%s", n, name, strings.TrimRight(b.String(), "\n"))
 }
 
 func unwrapJoined(err error) []error {
@@ -135,24 +159,24 @@ func unwrapJoined(err error) []error {
 }
 
 func newExportCmd() *cobra.Command {
-	var vendor, file, id string
+	var vendor, account, file, id string
 	var wait bool
 	cmd := &cobra.Command{
 		Use:   "export",
-		Short: "Queue a job file as one named export, and optionally wait for it",
+		Short: "Queue a call file as one named export, and optionally wait for it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if vendor == "" || file == "" {
 				return errors.New("--vendor and --file are required")
 			}
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
-				calls, err := readJobs(cmd, file)
+				cf, err := readCalls(cmd, file, account)
 				if err != nil {
 					return err
 				}
-				e, res, err := c.StartExport(ctx, id, vendor, calls)
+				e, res, err := c.StartExport(ctx, id, vendor, cf.calls)
 				if err != nil {
-					return err
+					return badLines(cf.name, err)
 				}
 				out := cmd.OutOrStdout()
 				fmt.Fprintf(out, "export %s: %d calls on vendor %s (enqueued %d, already queued %d)\n", e.ID, e.Total, vendor, res.Enqueued, res.AlreadyQueued)
@@ -166,7 +190,8 @@ func newExportCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&vendor, "vendor", "", "vendor name")
-	f.StringVar(&file, "file", "", "NDJSON job file, - for stdin")
+	f.StringVar(&account, "account", "", "the account of a per-account vendor, for every line that names none")
+	f.StringVar(&file, "file", "", "NDJSON call file, - for stdin")
 	f.StringVar(&id, "id", "", "export id (default: a fresh one); re-running with the same id and call ids queues nothing twice")
 	f.BoolVar(&wait, "wait", false, "show progress until the export completes")
 	cmd.AddCommand(&cobra.Command{

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestEnqueueAccounts: the CLI names a call's account with --account or
+// "account" in a call line; a per-account vendor refuses a call without
+// one, a file with bad lines is refused whole with their line numbers.
+func TestEnqueueAccounts(t *testing.T) {
+	t.Parallel()
+	vendor := "shop-" + redistest.Prefix(t)[5:]
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	err := os.WriteFile(cfg, []byte(`[redis]
+addr = "`+redistest.Addr(t)+`"
+
+[vendors.`+vendor+`]
+base_url = "https://api.shop.example/stores/{account}"
+rate = 2
+per_account = true
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runShaper(t, "", "enqueue", "--config", cfg, "--vendor", vendor, "--path", "/orders"); err == nil || !strings.Contains(out, "needs an account") {
+		t.Errorf("a call without an account: %v\n%s", err, out)
+	}
+	if out, err := runShaper(t, "", "enqueue", "--config", cfg, "--vendor", vendor, "--account", "store-1", "--path", "/orders"); err != nil {
+		t.Errorf("a call with --account: %v\n%s", err, out)
+	}
+	lines := `{"path":"/a"}
+{"path":"/b","account":"store-2"}
+{"path":"/c","account":"bad account"}
+`
+	out, err := runShaper(t, lines, "enqueue", "--config", cfg, "--vendor", vendor, "--account", "store-1", "--file", "-")
+	if err == nil || !strings.Contains(out, "stdin:3:") || strings.Contains(out, "stdin:1:") || !strings.Contains(out, "nothing was enqueued") {
+		t.Errorf("a file with a bad account on line 3: %v\n%s", err, out)
+	}
+	out, err = runShaper(t, lines[:strings.LastIndex(lines[:len(lines)-1], "\n")+1], "enqueue", "--config", cfg, "--vendor", vendor, "--account", "store-1", "--file", "-")
+	if err != nil || !strings.Contains(out, "enqueued 2") {
+		t.Errorf("a file whose first line takes --account: %v\n%s", err, out)
+	}
+}
