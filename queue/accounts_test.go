@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,64 @@ func TestAccountsAreCheckedAtEnqueue(t *testing.T) {
 	}
 	if n, _ := c.Waiting(ctx, shop); n != 0 {
 		t.Errorf("%d calls queued from a refused batch", n)
+	}
+}
+
+// TestOneAccountsBacklogDelaysNoOther: one account with 2,000 calls
+// queued at 5/s, then nine accounts with 10 calls each: the backlog waits
+// in the queue's schedule (its account's plan), so each small account is
+// done in about its own 2 s, not behind the backlog.
+func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	small := []string{"s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"}
+	base, vends := accountVendors(t, append([]string{"big"}, small...), 5)
+	name := "iso-" + e.prefix[5:]
+	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}}, PerAccount: true})
+	c := e.newClient()
+	ctx := context.Background()
+	batch := func(account string, n int) []Call {
+		calls := make([]Call, n)
+		for i := range calls {
+			calls[i] = Call{Account: account, ID: fmt.Sprintf("%s-%s-%04d", name, account, i), Path: fmt.Sprintf("/orders/%d", i)}
+		}
+		return calls
+	}
+	if _, err := c.EnqueueBatch(ctx, name, batch("big", 2000)); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	e.startWorker(nil)
+	waitFor(t, 30*time.Second, "the backlog to flow", func() bool { return vends["big"].Summarize().DistinctKeys >= 10 })
+	start := time.Now()
+	for _, a := range small {
+		if _, err := c.EnqueueBatch(ctx, name, batch(a, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := map[string]time.Duration{}
+	waitFor(t, time.Minute, "the small accounts", func() bool {
+		for _, a := range small {
+			if _, ok := done[a]; !ok && vends[a].Summarize().DistinctKeys == 10 {
+				done[a] = time.Since(start)
+			}
+		}
+		return len(done) == len(small)
+	})
+	var took []time.Duration
+	for _, a := range small {
+		took = append(took, done[a])
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	t.Logf("9 accounts x 10 calls at 5/s beside an account with 2,000 queued: done after p50 %s, max %s (10 calls at 5/s take 1.8 s)",
+		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	if took[len(took)-1] > 6*time.Second {
+		t.Errorf("a small account took %s: the backlog delayed it", took[len(took)-1])
+	}
+	for a, v := range vends {
+		if s := v.Summarize(); s.RateLimited != 0 || s.MaxSliding > 5 {
+			t.Errorf("G1 for account %s: %d 429s, %d per sliding window (limit 5)", a, s.RateLimited, s.MaxSliding)
+		}
 	}
 }

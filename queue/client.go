@@ -113,6 +113,7 @@ type Client struct {
 	aq      *asynq.Client
 	vendors map[string]Vendor
 	cfg     ClientConfig
+	gate    *shaper.Gate // plans per-account backlogs
 }
 
 // NewClient returns a client on rdb. Close it when done; it never closes
@@ -127,7 +128,8 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = shaper.DefaultKeyPrefix
 	}
-	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg}
+	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg,
+		gate: shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix})}
 	for _, v := range cfg.Vendors {
 		c.vendors[v.Name] = v
 	}
@@ -189,15 +191,67 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err := c.Room(ctx, call.Vendor, 1); err != nil {
 		return "", err
 	}
-	return c.enqueueChecked(ctx, call)
+	at, err := c.plan(ctx, call.Vendor, []Call{call})
+	if err != nil {
+		return "", err
+	}
+	return c.enqueueChecked(ctx, call, at[0])
 }
 
-func (c *Client) enqueueChecked(ctx context.Context, call Call) (string, error) {
+// planLead is how long before its planned tick a call planned for later
+// comes back from the queue's schedule: asynq schedules in whole seconds
+// and forwards every second.
+const planLead = 2 * time.Second
+
+// plan returns, for each call of a per-account vendor, how long from now
+// it should wait in the queue's schedule: its account's plan (see
+// shaper.Bucket.Plan) less planLead, or 0 to be picked up at once. A long
+// backlog of one account then waits in the schedule, not in front of the
+// other accounts' calls. Calls to other vendors are not planned.
+func (c *Client) plan(ctx context.Context, vendor string, calls []Call) ([]time.Duration, error) {
+	at := make([]time.Duration, len(calls))
+	v, err := c.vendor(vendor)
+	if err != nil || !v.PerAccount {
+		return at, err
+	}
+	group, err := c.gate.Group(bucketName(vendor), v.Total)
+	if err != nil {
+		return nil, fmt.Errorf("queue: vendor %s: %w", vendor, err)
+	}
+	byAccount := map[string][]int{}
+	for i, call := range calls {
+		byAccount[call.Account] = append(byAccount[call.Account], i)
+	}
+	for account, idx := range byAccount {
+		p := v.Policy
+		if o, ok := v.Overrides[account]; ok {
+			p = o
+		}
+		b, err := group.Bucket(account, p)
+		if err != nil {
+			return nil, fmt.Errorf("queue: vendor %s, account %s: %w", vendor, account, err)
+		}
+		first, pace, err := b.Plan(ctx, len(idx))
+		if err != nil {
+			return nil, fmt.Errorf("queue: %w", err)
+		}
+		for k, i := range idx {
+			at[i] = max(first+time.Duration(k)*pace-planLead, 0)
+		}
+	}
+	return at, nil
+}
+
+func (c *Client) enqueueChecked(ctx context.Context, call Call, at time.Duration) (string, error) {
 	payload, err := json.Marshal(call)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
-	info, err := c.EnqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), taskIDOption(call.ID)...)
+	opts := taskIDOption(call.ID)
+	if at > 0 {
+		opts = append(opts, asynq.ProcessIn(at))
+	}
+	info, err := c.EnqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), opts...)
 	if err != nil {
 		return call.ID, err
 	}
@@ -314,8 +368,12 @@ func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) 
 	if err := c.Room(ctx, vendor, len(calls)); err != nil {
 		return res, err
 	}
-	for _, call := range calls {
-		id, err := c.enqueueChecked(ctx, call)
+	at, err := c.plan(ctx, vendor, calls)
+	if err != nil {
+		return res, err
+	}
+	for i, call := range calls {
+		id, err := c.enqueueChecked(ctx, call, at[i])
 		switch {
 		case errors.Is(err, ErrDuplicate):
 			res.AlreadyQueued++

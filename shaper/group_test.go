@@ -218,3 +218,35 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 		t.Errorf("after a quiet period and a grant: effective rate %.2f, want the 75 step (%.2f)", st.EffectiveRate, EffectiveRate(want, 1, time.Second))
 	}
 }
+
+// TestPlan: plans follow each other one pace apart, at the bucket's
+// effective rate, and keep its state alive until the planned calls.
+func TestPlan(t *testing.T) {
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	var now atomic.Int64
+	now.Store(2_000_000_000_000)
+	r.gate.testNow = now.Load
+	ctx := context.Background()
+	b, err := r.gate.Bucket("acme", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, NoGuard: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, pace, err := b.Plan(ctx, 50)
+	if err != nil || first != 0 || pace != 100*time.Millisecond {
+		t.Fatalf("first plan: %s every %s, %v; want now, every 100ms", first, pace, err)
+	}
+	first, _, err = b.Plan(ctx, 10)
+	if err != nil || first != 5*time.Second {
+		t.Fatalf("second plan starts %s from now, %v; want after the 50 planned before (5s)", first, err)
+	}
+	if err := b.Control().SetRate(ctx, 5, "test"); err != nil {
+		t.Fatal(err)
+	}
+	_, pace, _ = b.Plan(ctx, 1)
+	if pace != 200*time.Millisecond {
+		t.Errorf("pace at a lowered rate of 5/s: %s, want 200ms", pace)
+	}
+	if ttl := r.rdb.PTTL(ctx, b.keys.gate).Val(); ttl < 6*time.Second {
+		t.Errorf("gate state TTL %s: it must outlive the planned calls (6 s)", ttl)
+	}
+}

@@ -290,7 +290,7 @@ local function keepAlive(untilv)
   extend(KEYS[1], untilv, now)
   extend(KEYS[5], untilv, now)
   if redis.call('EXISTS', KEYS[2]) == 1 then extend(KEYS[2], math.max(untilv, paused + keep), now) end
-  redis.call('ZADD', KEYS[7], untilv, member)
+  redis.call('ZADD', KEYS[7], 'GT', untilv, member)
   redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
   extend(KEYS[7], untilv, now)
 end
