@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,5 +179,57 @@ func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 		if s := v.Summarize(); s.RateLimited != 0 || s.MaxSliding > 5 {
 			t.Errorf("G1 for account %s: %d 429s, %d per sliding window (limit 5)", a, s.RateLimited, s.MaxSliding)
 		}
+	}
+}
+
+// TestRateLimitedPausesOnlyItsAccount: account A's vendor answers 429 with
+// Retry-After: 30; A is paused for every replica, and account B of the
+// same vendor goes on at its own rate.
+func TestRateLimitedPausesOnlyItsAccount(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var mu sync.Mutex
+	hits := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, _ := strings.CutPrefix(r.URL.Path, "/stores/")
+		account, _, _ := strings.Cut(rest, "/")
+		mu.Lock()
+		hits[account]++
+		mu.Unlock()
+		if account == "a" {
+			w.Header().Set("Retry-After", "30")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	name := "paused-" + e.prefix[5:]
+	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/stores/{account}", Timeout: 5 * time.Second},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, PerAccount: true})
+	c := e.newClient()
+	ctx := context.Background()
+	var calls []Call
+	for i := range 10 {
+		calls = append(calls, Call{Account: "b", Path: fmt.Sprintf("/orders/%d", i)})
+		if i < 5 {
+			calls = append(calls, Call{Account: "a", Path: fmt.Sprintf("/orders/%d", i)})
+		}
+	}
+	if _, err := c.EnqueueBatch(ctx, name, calls); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	e.startWorker(nil)
+	waitFor(t, 20*time.Second, "account b's calls", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits["b"] >= 10
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("account a: %d requests (429, Retry-After: 30), account b: %d", hits["a"], hits["b"])
+	if hits["a"] != 1 {
+		t.Errorf("account a was called %d times inside its 30 s pause, want once", hits["a"])
 	}
 }
