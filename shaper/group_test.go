@@ -250,3 +250,28 @@ func TestPlan(t *testing.T) {
 		t.Errorf("gate state TTL %s: it must outlive the planned calls (6 s)", ttl)
 	}
 }
+
+// TestBacklogs: the buckets with calls planned ahead, furthest first.
+func TestBacklogs(t *testing.T) {
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	ctx := context.Background()
+	grp, err := r.gate.Group("shop", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, NoGuard: true}
+	for name, n := range map[string]int{"big": 100, "mid": 20, "small": 2} {
+		b, _ := grp.Bucket(name, p)
+		if _, _, err := b.Plan(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	top, count, err := grp.Backlogs(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count != 3 || len(top) != 2 || top[0].Bucket != "big" || top[1].Bucket != "mid" ||
+		top[0].Ahead < 9*time.Second || top[0].Ahead > 10*time.Second {
+		t.Errorf("backlogs %+v of %d; want big (about 10 s ahead) then mid, of 3", top, count)
+	}
+}

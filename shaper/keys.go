@@ -53,6 +53,9 @@ type bucketKeys struct {
 	// the fair share of it ("share", calls per total window, and
 	// "share_at", when it was computed).
 	total string
+	// plans is a sorted set of the group's buckets with calls planned
+	// ahead (Plan), scored by the moment the last of them is due (µs).
+	plans string
 	// slots is a ring bitmap of the total's ticks over the horizon: bit
 	// j mod ring is set when the tick at j total intervals is granted.
 	slots string
@@ -72,7 +75,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 	}
 	return bucketKeys{
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
-		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"),
+		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 // the job queue's schedule rather than in front of other buckets' calls.
 //
 // KEYS[1] gate hash, KEYS[2] control hash, KEYS[3] the group's total hash,
-// KEYS[4] the group's expiry set.
+// KEYS[4] the group's expiry set, KEYS[5] the group's plans set.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] n, ARGV[3] pace
 // (µs per call at the configured rate), ARGV[4] the primary limit's
 // window + guard (µs), ARGV[5] burst, ARGV[6] keep (µs), ARGV[7] the
@@ -44,6 +44,9 @@ redis.call('HSET', KEYS[1], 'plan', string.format('%d', untilv))
 extend(KEYS[1], untilv + tonumber(ARGV[6]), now)
 redis.call('ZADD', KEYS[4], 'GT', untilv + tonumber(ARGV[6]), ARGV[7])
 extend(KEYS[4], untilv + tonumber(ARGV[6]), now)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+redis.call('ZADD', KEYS[5], 'GT', untilv, ARGV[7])
+extend(KEYS[5], untilv, now)
 return {first - now, pace}
 `)
 
@@ -62,7 +65,7 @@ func (b *Bucket) Plan(ctx context.Context, n int) (first, pace time.Duration, er
 		tspan = t.span.Microseconds()
 		own = EffectiveRate(b.interval, b.burst, t.window)
 	}
-	res, err := planScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.control, b.keys.total, b.keys.expiry},
+	res, err := planScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.control, b.keys.total, b.keys.expiry, b.keys.plans},
 		b.gate.redisNow(), n, (b.interval / time.Duration(b.burst)).Microseconds(),
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), b.burst, b.keep.Microseconds(), b.member, tspan, own).Int64Slice()
 	if err != nil {
@@ -73,3 +76,51 @@ func (b *Bucket) Plan(ctx context.Context, n int) (first, pace time.Duration, er
 	}
 	return time.Duration(res[0]) * time.Microsecond, time.Duration(res[1]) * time.Microsecond, nil
 }
+
+// Backlog is a bucket of a group with calls planned ahead: the last of
+// them is due in Ahead (at the bucket's pace, about its backlog).
+type Backlog struct {
+	Bucket string
+	Ahead  time.Duration
+}
+
+// Backlogs returns the group's n buckets whose planned calls reach
+// furthest ahead, longest first, and how many of its buckets have calls
+// planned ahead: the accounts with a backlog, read in one round trip.
+func (grp *Group) Backlogs(ctx context.Context, n int) ([]Backlog, int64, error) {
+	keys := keysOf(grp.gate.prefix, grp.name, "")
+	res, err := backlogsScript.Run(ctx, grp.gate.rdb, []string{keys.plans}, grp.gate.redisNow(), n).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("shaper: backlogs of %q: %w", grp.name, err)
+	}
+	if len(res) < 1 {
+		return nil, 0, fmt.Errorf("shaper: backlogs of %q: unexpected reply %v", grp.name, res)
+	}
+	count, _ := res[0].(int64)
+	var out []Backlog
+	for i := 1; i+1 < len(res); i += 2 {
+		name, _ := res[i].(string)
+		ahead, _ := res[i+1].(int64)
+		out = append(out, Backlog{Bucket: name, Ahead: time.Duration(ahead) * time.Microsecond})
+	}
+	return out, count, nil
+}
+
+// backlogsScript reads a group's plans set.
+//
+// KEYS[1] plans set. ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] n.
+// Returns {count, bucket, µs ahead, bucket, µs ahead, ...}: the number of
+// buckets with calls planned ahead, then the n furthest ahead.
+var backlogsScript = redis.NewScript(nowLua + `
+local now = now_us()
+local out = {redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf')}
+local n = tonumber(ARGV[2])
+if n > 0 then
+  local top = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. string.format('%d', now), 'WITHSCORES', 'LIMIT', 0, n)
+  for i = 1, #top, 2 do
+    out[#out + 1] = top[i]
+    out[#out + 1] = tonumber(top[i + 1]) - now
+  end
+end
+return out
+`)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,5 +46,26 @@ per_account = true
 	out, err = runShaper(t, lines[:strings.LastIndex(lines[:len(lines)-1], "\n")+1], "enqueue", "--config", cfg, "--vendor", vendor, "--account", "store-1", "--file", "-")
 	if err != nil || !strings.Contains(out, "enqueued 2") {
 		t.Errorf("a file whose first line takes --account: %v\n%s", err, out)
+	}
+	// stats: the accounts with a backlog, longest first, and one account.
+	var many strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&many, "{\"path\":\"/o/%d\",\"account\":\"store-9\"}\n", i)
+	}
+	if out, err := runShaper(t, many.String(), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue 20 calls for store-9: %v\n%s", err, out)
+	}
+	out, err = runShaper(t, "", "stats", "--config", cfg, "--json", "--accounts", "3", "--account", "store-9")
+	if err != nil {
+		t.Fatalf("stats: %v\n%s", err, out)
+	}
+	var rep StatsReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, out)
+	}
+	vs := rep.Vendors[0]
+	if vs.AccountsWithBacklog == nil || *vs.AccountsWithBacklog < 1 || len(vs.TopAccounts) == 0 || vs.TopAccounts[0].Account != "store-9" ||
+		vs.TopAccounts[0].BacklogSeconds < 5 || vs.Account == nil || vs.Account.Account != "store-9" || vs.Account.ConfiguredRate != 1.96 {
+		t.Errorf("stats of a per-account vendor: %s", out)
 	}
 }

@@ -42,6 +42,31 @@ type VendorStats struct {
 	// ReplicaRates are the configured rates of live workers when they
 	// disagree (a rolling config edit); the gate uses the lowest.
 	ReplicaRates []float64 `json:"replica_rates,omitempty"`
+	// For a per-account vendor: how many accounts have calls planned
+	// ahead (a backlog), the --accounts N with the longest, and the
+	// --account detail.
+	AccountsWithBacklog *int64          `json:"accounts_with_backlog,omitempty"`
+	TopAccounts         []AccountStats  `json:"top_accounts,omitempty"`
+	Account             *AccountDetails `json:"account,omitempty"`
+}
+
+// AccountStats is an account with a backlog: its last planned call is due
+// in BacklogSeconds (about its backlog at its pace).
+type AccountStats struct {
+	Account        string  `json:"account"`
+	BacklogSeconds float64 `json:"backlog_seconds"`
+}
+
+// AccountDetails is one account of a per-account vendor (--account).
+type AccountDetails struct {
+	Account          string  `json:"account"`
+	EffectiveRate    float64 `json:"effective_rate"`
+	ConfiguredRate   float64 `json:"configured_rate"`
+	RateSource       string  `json:"rate_source"`
+	RateReason       string  `json:"rate_reason"`
+	NextTickSeconds  float64 `json:"next_tick_seconds"`
+	PausedForSeconds float64 `json:"paused_for_seconds"`
+	PauseReason      string  `json:"pause_reason"`
 }
 
 // StatsReport is the whole of `shaper stats --json`.
@@ -53,6 +78,8 @@ type StatsReport struct {
 func newStatsCmd() *cobra.Command {
 	var asJSON, watch bool
 	var every time.Duration
+	var accounts int
+	var account string
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show each vendor's rates, queue, pauses and 429s",
@@ -61,7 +88,7 @@ func newStatsCmd() *cobra.Command {
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, c *queue.Client) error {
 				gate := shaper.NewGate(rdb, shaper.Config{})
 				for {
-					rep, err := collectStats(ctx, cfg, gate, c)
+					rep, err := collectStats(ctx, cfg, gate, c, accounts, account)
 					if err != nil {
 						return err
 					}
@@ -95,10 +122,12 @@ func newStatsCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object; one per line with --watch)")
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted")
 	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "refresh period with --watch")
+	cmd.Flags().IntVar(&accounts, "accounts", 5, "per-account vendors: show this many accounts with the longest backlog")
+	cmd.Flags().StringVar(&account, "account", "", "per-account vendors: show this account's rate, next tick and pause")
 	return cmd
 }
 
-func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client) (StatsReport, error) {
+func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client, topN int, account string) (StatsReport, error) {
 	rep := StatsReport{At: time.Now().UTC(), Vendors: []VendorStats{}}
 	for _, v := range cfg.Vendors {
 		b, err := gate.Bucket(v.Name, v.Policy())
@@ -137,6 +166,11 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 				sort.Float64s(vs.ReplicaRates)
 			}
 		}
+		if v.PerAccount {
+			if err := accountStats(ctx, gate, v, &vs, topN, account); err != nil {
+				return rep, err
+			}
+		}
 		rep.Vendors = append(rep.Vendors, vs)
 	}
 	return rep, nil
@@ -165,4 +199,63 @@ func printStats(w io.Writer, rep StatsReport) {
 			time.Duration(v.OldestQueuedSeconds*float64(time.Second)).Round(time.Second), paused)
 	}
 	tw.Flush()
+	for _, v := range rep.Vendors {
+		if v.AccountsWithBacklog == nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: %d account(s) with a backlog", v.Vendor, *v.AccountsWithBacklog)
+		for i, a := range v.TopAccounts {
+			sep := ", longest: "
+			if i > 0 {
+				sep = ", "
+			}
+			fmt.Fprintf(w, "%s%s (%s)", sep, a.Account, time.Duration(a.BacklogSeconds*float64(time.Second)).Round(time.Second))
+		}
+		fmt.Fprintln(w)
+		if a := v.Account; a != nil {
+			fmt.Fprintf(w, "  account %s: rate %.4g/%.4g per %s", a.Account, a.EffectiveRate, a.ConfiguredRate, v.Window)
+			if a.RateSource != "" {
+				fmt.Fprintf(w, " (%s: %s)", a.RateSource, a.RateReason)
+			}
+			fmt.Fprintf(w, ", next tick in %s", time.Duration(a.NextTickSeconds*float64(time.Second)).Round(time.Millisecond))
+			if a.PausedForSeconds > 0 {
+				fmt.Fprintf(w, ", paused %s (%s)", time.Duration(a.PausedForSeconds*float64(time.Second)).Round(time.Second), a.PauseReason)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+// accountStats fills the per-account figures of vendor v.
+func accountStats(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *VendorStats, topN int, account string) error {
+	grp, err := gate.Group(v.Name, v.TotalPolicy())
+	if err != nil {
+		return err
+	}
+	top, n, err := grp.Backlogs(ctx, topN)
+	if err != nil {
+		return err
+	}
+	vs.AccountsWithBacklog = &n
+	for _, b := range top {
+		vs.TopAccounts = append(vs.TopAccounts, AccountStats{Account: b.Bucket, BacklogSeconds: round2(b.Ahead.Seconds())})
+	}
+	if account == "" {
+		return nil
+	}
+	if err := queue.CheckAccount(account); err != nil {
+		return err
+	}
+	b, err := grp.Bucket(account, v.AccountPolicy(account))
+	if err != nil {
+		return err
+	}
+	st, err := b.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	vs.Account = &AccountDetails{Account: account, EffectiveRate: round2(st.EffectiveRate), ConfiguredRate: round2(st.ConfiguredRate),
+		RateSource: st.RateSource, RateReason: st.RateReason, NextTickSeconds: st.NextTick.Seconds(),
+		PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason}
+	return nil
 }
