@@ -239,6 +239,28 @@ func (w *Worker) Buckets() map[string]*shaper.Bucket {
 	return out
 }
 
+// AccountBacklogs returns, for each per-account vendor, how many of its
+// accounts have calls planned ahead (see shaper.Group.Backlogs).
+func (w *Worker) AccountBacklogs(ctx context.Context) (map[string]int64, error) {
+	w.mu.Lock()
+	groups := map[string]*shaper.Group{}
+	for name, rt := range w.vendors {
+		if sh := rt.shape.Load(); sh != nil {
+			groups[name] = sh.group
+		}
+	}
+	w.mu.Unlock()
+	out := make(map[string]int64, len(groups))
+	for name, g := range groups {
+		_, n, err := g.Backlogs(ctx, 0)
+		if err != nil {
+			return out, err
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
 // Handle registers the handler of tasks of taskType (enqueued with
 // Client.EnqueueTask) on every vendor's queue, including vendors added
 // later by Apply. It may be called at any time; a task whose type has no

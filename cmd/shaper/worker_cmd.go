@@ -60,7 +60,7 @@ queue.`,
 				// before it. Their bucket source reads w, which is set
 				// below before the server starts: the go statement that
 				// starts it publishes w to every scrape.
-				m = metrics.New(func() map[string]*shaper.Bucket { return w.Buckets() }, qc)
+				m = metrics.New(workerRef{&w}, qc)
 				wc.Observer = m
 			}
 			w, err = queue.NewWorker(rdb, wc)
@@ -208,4 +208,13 @@ func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Conf
 	c := queue.NewClient(rdb, cfg.ClientConfig())
 	defer c.Close()
 	return f(ctx, cfg, rdb, c)
+}
+
+// workerRef reads the worker the metrics describe through w, which is set
+// before the metrics server starts serving.
+type workerRef struct{ w **queue.Worker }
+
+func (r workerRef) Buckets() map[string]*shaper.Bucket { return (*r.w).Buckets() }
+func (r workerRef) AccountBacklogs(ctx context.Context) (map[string]int64, error) {
+	return (*r.w).AccountBacklogs(ctx)
 }

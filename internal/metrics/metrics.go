@@ -27,7 +27,7 @@ type Metrics struct {
 
 // New returns metrics for a worker; buckets and client give the
 // scrape-time gauges.
-func New(buckets func() map[string]*shaper.Bucket, client *queue.Client) *Metrics {
+func New(worker Worker, client *queue.Client) *Metrics {
 	m := &Metrics{
 		started: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_calls_started_total", Help: "Calls this worker started at their tick.",
@@ -41,7 +41,7 @@ func New(buckets func() map[string]*shaper.Bucket, client *queue.Client) *Metric
 		}, []string{"vendor"}),
 		reg: prometheus.NewRegistry(),
 	}
-	m.reg.MustRegister(m.started, m.rateLimited, m.wait, &collector{buckets: buckets, client: client})
+	m.reg.MustRegister(m.started, m.rateLimited, m.wait, &collector{worker: worker, client: client})
 	return m
 }
 
@@ -72,21 +72,28 @@ func (m *Metrics) Handler(rdb redis.UniversalClient) http.Handler {
 }
 
 var (
-	queueDepth    = prometheus.NewDesc("shaper_queue_depth", "Calls in the vendor's queue, by state.", []string{"vendor", "state"}, nil)
-	effectiveRate = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate grants now (below the configured rate after adaptation).", []string{"vendor"}, nil)
-	configRate    = prometheus.NewDesc("shaper_configured_rate", "Calls per second the config allows, after burst and guard.", []string{"vendor"}, nil)
-	paused        = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
-	pauseLeft     = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)
-	oldest        = prometheus.NewDesc("shaper_oldest_queued_seconds", "Age of the oldest call waiting in the vendor's queue.", []string{"vendor"}, nil)
+	queueDepth      = prometheus.NewDesc("shaper_queue_depth", "Calls in the vendor's queue, by state.", []string{"vendor", "state"}, nil)
+	effectiveRate   = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate grants now (below the configured rate after adaptation).", []string{"vendor"}, nil)
+	configRate      = prometheus.NewDesc("shaper_configured_rate", "Calls per second the config allows, after burst and guard.", []string{"vendor"}, nil)
+	paused          = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
+	pauseLeft       = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)
+	accountsBacklog = prometheus.NewDesc("shaper_accounts_with_backlog", "Accounts of a per-account vendor with calls planned ahead (no per-account label: accounts are unbounded).", []string{"vendor"}, nil)
+	oldest          = prometheus.NewDesc("shaper_oldest_queued_seconds", "Age of the oldest call waiting in the vendor's queue.", []string{"vendor"}, nil)
 )
 
+// Worker is what the metrics read of a running worker (a *queue.Worker).
+type Worker interface {
+	Buckets() map[string]*shaper.Bucket
+	AccountBacklogs(ctx context.Context) (map[string]int64, error)
+}
+
 type collector struct {
-	buckets func() map[string]*shaper.Bucket
-	client  *queue.Client
+	worker Worker
+	client *queue.Client
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest} {
+	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest, accountsBacklog} {
 		ch <- d
 	}
 }
@@ -94,7 +101,12 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	for name, b := range c.buckets() {
+	if backlogs, err := c.worker.AccountBacklogs(ctx); err == nil {
+		for name, n := range backlogs {
+			ch <- prometheus.MustNewConstMetric(accountsBacklog, prometheus.GaugeValue, float64(n), name)
+		}
+	}
+	for name, b := range c.worker.Buckets() {
 		if st, err := b.Stats(ctx); err == nil {
 			perSecond := float64(time.Second) / float64(st.Window)
 			ch <- prometheus.MustNewConstMetric(effectiveRate, prometheus.GaugeValue, st.EffectiveRate*perSecond, name)
