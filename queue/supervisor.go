@@ -5,8 +5,13 @@ import (
 	"time"
 )
 
-// supervisorEvery is how often a vendor's supervisor runs.
-const supervisorEvery = 500 * time.Millisecond
+// supervisorEvery is how often a vendor's supervisor looks at a queue
+// this process paused; supervisorIdleEvery how often it looks otherwise
+// (in case the replica that paused it died).
+const (
+	supervisorEvery     = 500 * time.Millisecond
+	supervisorIdleEvery = 10 * time.Second
+)
 
 // supervise unpauses the vendor's asynq queue when the wait that paused
 // it is nearly over, while the worker runs. (Heartbeats and the recovery
@@ -16,12 +21,17 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	t := time.NewTicker(supervisorEvery)
 	defer t.Stop()
 	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name))
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if !rt.pausedHere.Load() && time.Since(last) < supervisorIdleEvery {
+			continue // no Redis call for a queue nobody here paused
+		}
+		last = time.Now()
 		if err := w.superviseOnce(ctx, rt, problems); err != nil && ctx.Err() != nil {
 			return
 		}
@@ -33,8 +43,12 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	paused, err := w.rdb.Exists(ctx, key).Result()
 	problems.check("reading whether the vendor's queue is paused", err)
 	if err != nil || paused == 0 {
+		if err == nil {
+			rt.pausedHere.Store(false)
+		}
 		return err
 	}
+	rt.pausedHere.Store(true) // paused (here or by a replica that may be gone): watch it closely
 	st, err := rt.bucket().Stats(ctx)
 	problems.check("reading the vendor's gate", err)
 	if err != nil || st.NextTick > w.cfg.MaxWait {
@@ -67,6 +81,7 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 		w.log.Warn("could not pause the vendor's queue", "vendor", rt.vendor.Name, "queue", rt.queue, "err", err)
 		return
 	}
+	rt.pausedHere.Store(true)
 	args := []any{"vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", wait.Round(time.Millisecond), "max_wait", w.cfg.MaxWait}
 	if st, err := rt.bucket().Stats(ctx); err == nil && st.PausedFor > 0 {
 		w.log.Info("vendor paused beyond max_wait: its queue is paused until the pause nearly ends",

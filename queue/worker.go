@@ -62,9 +62,12 @@ type vendorRuntime struct {
 	queue   string
 	client  *vendorclients.Client
 	shape   atomic.Pointer[accountShape] // per-account vendors: how each account is shaped
-	server  *asynq.Server                // nil until started
-	stop    context.CancelFunc           // ends the vendor's supervisor
-	done    chan struct{}                // closed when the supervisor has returned
+	// pausedHere: this process paused the vendor's asynq queue, and its
+	// supervisor watches for the moment to unpause it.
+	pausedHere atomic.Bool
+	server     *asynq.Server      // nil until started
+	stop       context.CancelFunc // ends the vendor's supervisor
+	done       chan struct{}      // closed when the supervisor has returned
 }
 
 // bucket is the vendor's current gate bucket (it changes on reload); for a
