@@ -1,0 +1,110 @@
+package shaper
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// redisMemory is what Redis holds from its allocator (MEMORY STATS
+// allocator.allocated, jemalloc's own count), and Redis's own count of
+// its data and overhead less client buffers (used_memory less
+// mem_clients_normal), both in bytes.
+func redisMemory(t *testing.T, rdb *redis.Client) (allocated, used int64) {
+	t.Helper()
+	st, err := rdb.Do(context.Background(), "MEMORY", "STATS").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := st.(map[any]any)
+	num := func(k string) int64 {
+		switch v := m[k].(type) {
+		case int64:
+			return v
+		}
+		t.Fatalf("MEMORY STATS has no %s: %v", k, m)
+		return 0
+	}
+	return num("allocator.allocated"), num("total.allocated") - num("clients.normal")
+}
+
+// TestLongHundredThousandAccounts: 100,000 buckets of one group (accounts
+// of a vendor, with a total) used once each, then idle: Redis memory comes
+// back to within 10% of where it started, and the process holds no state
+// for them.
+func TestLongHundredThousandAccounts(t *testing.T) {
+	redistest.Long(t)
+	srv := redistest.Start(t) // a Redis of its own: its memory is this test's
+	r := newReplica(t, srv.Addr, "mem", nil)
+	ctx := context.Background()
+	total := Policy{Limits: []Limit{{Rate: 1_000_000, Window: 100 * time.Millisecond}}, Guard: time.Millisecond}
+	grp, err := r.gate.Group("shop", &total)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: 100 * time.Millisecond}}, Guard: time.Millisecond}
+	warm, _ := grp.Bucket("warm-up", p)
+	if _, err := warm.Acquire(ctx); err != nil { // the group's epoch: its first use waits out the horizon once
+		t.Fatal(err)
+	}
+	r.rdb.Del(ctx, warm.keys.gate, warm.keys.replicas)
+	before, usedBefore := redisMemory(t, r.rdb)
+	const n = 100_000
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 16 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= n; i = next.Add(1) {
+				b, err := grp.Bucket("store-"+strconv.FormatInt(i, 10), p)
+				if err == nil {
+					_, err = b.reserve(ctx)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	time.Sleep(200 * time.Millisecond) // Redis refreshes its allocator stats in its cron
+	peakAlloc, peak := redisMemory(t, r.rdb)
+	keys := r.rdb.DBSize(ctx).Val()
+	t.Logf("%d accounts granted a tick in %s: allocated %d -> %d bytes, Redis's own count %d -> %d (%d keys live)",
+		n, time.Since(start).Round(time.Millisecond), before, peakAlloc, usedBefore, peak, keys)
+	if peakAlloc < before+1<<20 {
+		t.Errorf("allocated %d bytes with 100,000 accounts' state, %d before: the measure does not move", peakAlloc, before)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for r.rdb.DBSize(ctx).Val() > 2 { // the group's epoch and stats stay
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys left two minutes after idle", r.rdb.DBSize(ctx).Val())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, k := range r.rdb.Keys(ctx, "*").Val() {
+		t.Logf("left: %s %d bytes, TTL %s", k, r.rdb.MemoryUsage(ctx, k).Val(), r.rdb.PTTL(ctx, k).Val())
+	}
+	// Redis refreshes its allocator stats in its cron.
+	after, usedAfter := redisMemory(t, r.rdb)
+	for settle := time.Now().Add(5 * time.Second); float64(after) > 1.1*float64(before) && time.Now().Before(settle); after, usedAfter = redisMemory(t, r.rdb) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("after idle: allocated %d -> %d bytes (%+.1f%%); Redis's own count %d -> %d (%+.1f%%); %d keys; %d buckets held in the process",
+		before, after, 100*float64(after-before)/float64(before), usedBefore, usedAfter, 100*float64(usedAfter-usedBefore)/float64(usedBefore),
+		r.rdb.DBSize(ctx).Val(), r.gate.activeBuckets())
+	if float64(after) > 1.1*float64(before) {
+		t.Errorf("Redis holds %d bytes from its allocator after idle, %d before: more than 10%% above", after, before)
+	}
+	if r.gate.activeBuckets() != 0 {
+		t.Errorf("the process holds state for %d buckets", r.gate.activeBuckets())
+	}
+}
