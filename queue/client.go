@@ -283,7 +283,7 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	if err := c.checkAccount(to.Vendor, to.Account); err != nil {
 		return nil, err
 	}
-	if to.Account != "" {
+	if to.Account != "" && t.Type() != TypeCall { // a call's payload names its account
 		headers := maps.Clone(t.Headers())
 		if headers == nil {
 			headers = map[string]string{}
