@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/shaper"
@@ -50,30 +50,12 @@ func shaperBin(t *testing.T) string {
 	return binPath
 }
 
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startWorker starts `shaper worker` and stops it (SIGTERM) when the test
 // ends.
-func startWorker(t *testing.T, cfg string) (*exec.Cmd, *syncBuffer) {
+func startWorker(t *testing.T, cfg string) (*exec.Cmd, *logtest.Buffer) {
 	t.Helper()
 	cmd := exec.Command(shaperBin(t), "worker", "--config", cfg)
-	out := &syncBuffer{}
+	out := &logtest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -419,7 +401,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 	defer srv.Close()
 	cfg := writeConfig(t, srvRedis.Addr, "metered", srv.URL, 100)
 	cmd := exec.Command(shaperBin(t), "worker", "--config", cfg, "--metrics-addr", "127.0.0.1:0")
-	out := &syncBuffer{}
+	out := &logtest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
