@@ -89,7 +89,7 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] rate, ARGV[3]
 // reason, ARGV[4] source, ARGV[5] keep (µs): the hash lives at least this
 // long (every grant extends it). Returns 0.
-var setRateScript = redis.NewScript(nowLua + spacingLua + `
+var setRateScript = redis.NewScript(nowLua + extendLua + `
 local now = now_us()
 redis.call('HSET', KEYS[1], 'rate', ARGV[2], 'rate_reason', ARGV[3], 'rate_source', ARGV[4])
 extend(KEYS[1], now + tonumber(ARGV[5]), now)
@@ -133,7 +133,7 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 // (µs), ARGV[6] reason, ARGV[7] keep (µs): the hash lives at least this
 // long.
 // Returns the effective rate after the call, as a string.
-var lowerScript = redis.NewScript(nowLua + spacingLua + `
+var lowerScript = redis.NewScript(nowLua + extendLua + `
 local now = now_us()
 extend(KEYS[1], now + tonumber(ARGV[7]), now)
 local c = redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo')

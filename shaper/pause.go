@@ -20,7 +20,7 @@ import (
 // the new one. A pause only ever extends. A new or longer pause is
 // published as "<bucket>|<µs remaining>" so that watching gates drop the
 // ticks their callers were granted before it.
-var pauseScript = redis.NewScript(nowLua + spacingLua + `
+var pauseScript = redis.NewScript(nowLua + extendLua + `
 local now = now_us()
 local untilv = now + tonumber(ARGV[2])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0

@@ -22,7 +22,7 @@ import (
 // bucket's name in its group, ARGV[8] total window + guard (µs; 0: no
 // total), ARGV[9] the bucket's own rate per total window.
 // Returns {first (µs from now), pace (µs)}.
-var planScript = redis.NewScript(nowLua + spacingLua + `
+var planScript = redis.NewScript(nowLua + spacingLua + extendLua + `
 local now = now_us()
 local n = tonumber(ARGV[2])
 local pace = tonumber(ARGV[3])

@@ -19,7 +19,7 @@ const replicaForget = time.Minute
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] replica id, ARGV[3]
 // interval (µs), ARGV[4] burst, ARGV[5] replicaForget (µs).
 // Returns 0.
-var heartbeatScript = redis.NewScript(nowLua + spacingLua + `
+var heartbeatScript = redis.NewScript(nowLua + extendLua + `
 local now = now_us()
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3] .. '|' .. ARGV[4] .. '|' .. string.format('%d', now))
 extend(KEYS[1], now + tonumber(ARGV[5]), now)

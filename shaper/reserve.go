@@ -47,8 +47,7 @@ const maxLog = 64
 // spacingLua defines spacing(rate, burst, span): the tick interval (µs)
 // and burst that release rate calls per window of span µs (window +
 // guard) — the rule of tickFor in policy.go, which TestLuaTickMatchesGo
-// keeps equal — and extend(key, until, now): the key expires no sooner
-// than until (µs).
+// keeps equal.
 const spacingLua = `
 local function spacing(rate, b, span)
   b = math.max(1, math.min(b, math.floor(rate)))
@@ -56,6 +55,11 @@ local function spacing(rate, b, span)
   if k >= 1 then k = math.floor(k) end
   return math.ceil(span / k), b
 end
+`
+
+// extendLua defines extend(key, until, now): key expires no sooner than
+// until (µs).
+const extendLua = `
 local function extend(key, untilv, now)
   local ms = math.ceil((untilv - now) / 1000) + 1
   local t = redis.call('PTTL', key)
@@ -87,7 +91,7 @@ end
 // Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
 // from Redis now to the tick; when not, the time before asking again and
 // reason says why (see deferReason).
-var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + raiseLua + `
+var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + `
 local now = now_us()
 local interval = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
@@ -120,7 +124,7 @@ local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate', 'rate_source')
 local paused = tonumber(ctl[1]) or 0
 local rate = tonumber(ctl[2])
 if rate and ctl[3] == 'learned' then
-  local r = raise_rate(KEYS[2], now, tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24]))
+  local r = raise_rate(KEYS[2], now, tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23]))
   if r == 0 then rate = nil elseif r then rate = r end
 end
 if rate and rate > 0 then
@@ -375,7 +379,7 @@ func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
 		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
 		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
-		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k, "",
+		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k,
 		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds()).Int64Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)

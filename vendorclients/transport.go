@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +24,36 @@ type transport struct {
 	log      *slog.Logger
 	observer Observer // optional
 
-	announced atomic.Uint64 // math.Float64bits of the last rate announced to the gate
+	announced *announcedRates // shared by a client and its accounts' clients
 	bucket    atomic.Pointer[shaper.Bucket]
+}
+
+// maxAnnounced bounds the buckets whose last announced rate a client
+// remembers; past it the memory starts afresh (an announcement costs one
+// Redis round trip again, once per bucket).
+const maxAnnounced = 4096
+
+// announcedRates remembers the rate last announced to the gate per bucket,
+// so that a vendor repeating its limit on every answer costs no round trip
+// after the first.
+type announcedRates struct {
+	mu   sync.Mutex
+	last map[string]float64
+}
+
+// changed records rate for bucket and reports whether it differs from the
+// last one recorded.
+func (a *announcedRates) changed(bucket string, rate float64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if prev, ok := a.last[bucket]; ok && prev == rate {
+		return false
+	}
+	if a.last == nil || len(a.last) >= maxAnnounced {
+		a.last = map[string]float64{}
+	}
+	a.last[bucket] = rate
+	return true
 }
 
 type permitKey struct{}
@@ -116,7 +144,7 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http
 			window = primary.Window // X-RateLimit-Limit does not say: assume the configured window
 		}
 		rate := float64(h.Limit) * float64(primary.Window) / float64(window)
-		if bits := math.Float64bits(rate); t.announced.Swap(bits) != bits {
+		if t.announced.changed(bucket.Name(), rate) {
 			reason := fmt.Sprintf("vendor announces %s (%s headers)", shaper.Limit{Rate: h.Limit, Window: window}, h.Style)
 			if err := ctl.Announce(ctx, rate, reason); err != nil {
 				t.log.Error("vendorclients: could not apply an announced limit", "vendor", vendor, "err", err)
