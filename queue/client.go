@@ -114,6 +114,7 @@ type Client struct {
 	vendors map[string]Vendor
 	cfg     ClientConfig
 	gate    *shaper.Gate // plans per-account backlogs
+	signals signaller    // tells workers which vendors have work
 }
 
 // NewClient returns a client on rdb. Close it when done; it never closes
@@ -129,7 +130,7 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 		cfg.KeyPrefix = shaper.DefaultKeyPrefix
 	}
 	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg,
-		gate: shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix})}
+		gate: shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}), signals: signaller{last: map[string]time.Time{}}}
 	for _, v := range cfg.Vendors {
 		c.vendors[v.Name] = v
 	}
@@ -299,6 +300,7 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	if err != nil {
 		return nil, fmt.Errorf("queue: enqueue on %s: %w", to.Vendor, err)
 	}
+	c.signal(ctx, to.Vendor)
 	return info, nil
 }
 
@@ -403,7 +405,7 @@ func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, err
 }
 
 func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool) (QueueStats, error) {
-	key := func(name string) string { return "asynq:{" + QueueName(vendor) + "}:" + name } // asynq's key scheme (internal/base)
+	key := func(name string) string { return queueKey(vendor, name) }
 	pipe := c.rdb.Pipeline()
 	pending := pipe.LLen(ctx, key("pending"))
 	active := pipe.LLen(ctx, key("active"))

@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"context"
 	"fmt"
 	"maps"
 
@@ -21,12 +20,12 @@ type plan struct {
 // Apply brings the worker to a new vendor list (a config reload): a
 // changed rate, window, burst, guard or limit applies to the next grant,
 // with no burst (the next tick is the last one plus the new interval);
-// added vendors start serving; removed ones stop taking calls (their
-// queued calls stay in Redis). Changes to base_url, headers, timeouts and
-// concurrency take effect when the worker restarts; Apply says so in its
-// notes. Apply checks everything and starts added vendors before it
-// changes anything: on error nothing changed. It returns ErrStopped once
-// Run has returned.
+// added vendors are served once their queues have work; removed ones stop
+// taking calls (their queued calls stay in Redis). Changes to base_url,
+// headers, timeouts and concurrency take effect when the worker restarts;
+// Apply says so in its notes. Apply checks everything before it changes
+// anything: on error nothing changed. It returns ErrStopped once Run has
+// returned.
 func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 	w.applyMu.Lock()
 	defer w.applyMu.Unlock()
@@ -72,7 +71,7 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 	state := w.state
 	if state == notStarted {
 		defer w.mu.Unlock()
-		_, err := w.commitLocked(p, nil) // not running: nothing to start or stop
+		_, err := w.commitLocked(p) // not running: nothing to stop
 		return p.notes, err
 	}
 	w.mu.Unlock()
@@ -92,25 +91,17 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 }
 
 // commit carries out a plan on the running worker, from Run's goroutine,
-// and returns the removed vendors, for Run to stop.
-func (w *Worker) commit(ctx context.Context, p *plan) ([]*vendorRuntime, error) {
+// and returns the removed vendors, for Run to stop. Added vendors are
+// served once their queues have work, like the others.
+func (w *Worker) commit(p *plan) ([]*vendorRuntime, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.commitLocked(p, func(rt *vendorRuntime) error { return w.start(ctx, rt) })
+	return w.commitLocked(p)
 }
 
-// commitLocked carries out p; w.mu is held. With start (the worker runs)
-// added vendors are started first, and if one fails to start the others
-// are stopped and nothing changes. It returns the removed vendors.
-func (w *Worker) commitLocked(p *plan, start func(*vendorRuntime) error) ([]*vendorRuntime, error) {
-	if start != nil {
-		for i, rt := range p.added {
-			if err := start(rt); err != nil {
-				w.shutdown(p.added[:i])
-				return nil, err
-			}
-		}
-	}
+// commitLocked carries out p; w.mu is held. It returns the removed
+// vendors.
+func (w *Worker) commitLocked(p *plan) ([]*vendorRuntime, error) {
 	keep := map[string]bool{}
 	for _, v := range p.vendors {
 		keep[v.Name] = true

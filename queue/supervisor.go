@@ -13,20 +13,40 @@ const (
 	supervisorIdleEvery = 10 * time.Second
 )
 
-// supervise unpauses the vendor's asynq queue when the wait that paused
-// it is nearly over, while the worker runs. (Heartbeats and the recovery
-// of learned rates ride on the gate's grants: no polling for them.) Redis
-// errors are logged once per failure streak.
+// supervise runs while the vendor's server does: it unpauses the vendor's
+// asynq queue when the wait that paused it is nearly over, and tells Run
+// when the queue has held nothing for idleStopAfter, so that its server
+// stops. (Heartbeats and the recovery of learned rates ride on the gate's
+// grants: no polling for them.) Redis errors are logged once per failure
+// streak.
 func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	t := time.NewTicker(supervisorEvery)
 	defer t.Stop()
 	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name))
-	var last time.Time
+	var last, counted, idleSince time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if time.Since(counted) >= min(idleCheckEvery, w.idleStop/2) {
+			counted = time.Now()
+			n, err := waitingCounts(ctx, w.rdb, []string{rt.vendor.Name})
+			problems.check("counting the vendor's queue", err)
+			switch {
+			case err != nil || n[0] > 0 || rt.pausedHere.Load():
+				idleSince = time.Time{}
+			case idleSince.IsZero():
+				idleSince = counted
+			case counted.Sub(idleSince) >= w.idleStop:
+				idleSince = time.Time{}
+				select {
+				case w.idlec <- rt:
+				case <-ctx.Done():
+					return
+				}
+			}
 		}
 		if !rt.pausedHere.Load() && time.Since(last) < supervisorIdleEvery {
 			continue // no Redis call for a queue nobody here paused

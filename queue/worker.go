@@ -65,9 +65,12 @@ type vendorRuntime struct {
 	// pausedHere: this process paused the vendor's asynq queue, and its
 	// supervisor watches for the moment to unpause it.
 	pausedHere atomic.Bool
-	server     *asynq.Server      // nil until started
-	stop       context.CancelFunc // ends the vendor's supervisor
-	done       chan struct{}      // closed when the supervisor has returned
+	// While the vendor's queue has work (see demand.go): its server, the
+	// end of its supervisor, and the supervisor's end. Run's goroutine
+	// alone starts and stops them.
+	server *asynq.Server
+	stop   context.CancelFunc
+	done   chan struct{}
 }
 
 // bucket is the vendor's current gate bucket (it changes on reload); for a
@@ -132,7 +135,7 @@ func (rt *vendorRuntime) clientFor(account string) (*vendorclients.Client, error
 }
 
 // Worker runs the tasks of every configured vendor: one asynq.Server per
-// vendor on one shared Redis client. Run it once; Apply changes its vendors
+// vendor with work, on one shared Redis client. Run it once; Apply changes its vendors
 // while it runs.
 type Worker struct {
 	rdb  redis.UniversalClient
@@ -141,9 +144,14 @@ type Worker struct {
 	insp *asynq.Inspector
 	log  *slog.Logger
 
-	applyMu sync.Mutex        // one Apply at a time
-	applyc  chan applyRequest // to Run's loop while it runs
-	stopped chan struct{}     // closed when Run stops serving
+	applyMu  sync.Mutex          // one Apply at a time
+	applyc   chan applyRequest   // to Run's loop while it runs
+	idlec    chan *vendorRuntime // supervisors to Run: this vendor's queue has been idle
+	recheckc chan *vendorRuntime // a server stopped: look at its queue again
+	serving  atomic.Int64        // vendors with a running server
+	// idleStopAfter and sweepEvery; tests shorten them.
+	idleStop, sweepEvery time.Duration
+	stopped              chan struct{} // closed when Run stops serving
 
 	mu       sync.Mutex
 	state    workerState
@@ -197,6 +205,9 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		gate:     shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}),
 		insp:     asynq.NewInspectorFromRedisClient(rdb),
 		applyc:   make(chan applyRequest),
+		idlec:    make(chan *vendorRuntime),
+		recheckc: make(chan *vendorRuntime),
+		idleStop: idleStopAfter, sweepEvery: sweepEvery,
 		stopped:  make(chan struct{}),
 		vendors:  map[string]*vendorRuntime{},
 		handlers: map[string]HandlerFunc{},
@@ -241,6 +252,10 @@ func (w *Worker) Buckets() map[string]*shaper.Bucket {
 	}
 	return out
 }
+
+// Serving returns how many vendors this worker serves now: those whose
+// queues have work (an idle vendor has no server).
+func (w *Worker) Serving() int { return int(w.serving.Load()) }
 
 // AccountBacklogs returns, for each per-account vendor, how many of its
 // accounts have calls planned ahead (see shaper.Group.Backlogs).
@@ -291,36 +306,67 @@ func (w *Worker) handler(taskType string) HandlerFunc {
 
 // Run serves every vendor until ctx ends, then shuts down gracefully: calls
 // in flight finish within ShutdownTimeout, the rest go back to the queue.
-// It returns once every goroutine it started has stopped. A worker runs
-// once.
+// A vendor's asynq server runs only while its queue holds work (see
+// demand.go). Run returns once every goroutine it started has stopped. A
+// worker runs once.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	if w.state != notStarted {
 		w.mu.Unlock()
 		return fmt.Errorf("queue: Run called twice: %w", ErrStopped)
 	}
-	var started []*vendorRuntime
-	for _, rt := range w.vendors {
-		if err := w.start(ctx, rt); err != nil {
-			w.state = stopped
-			w.mu.Unlock()
-			close(w.stopped)
-			w.shutdown(started)
-			return err
-		}
-		started = append(started, rt)
-	}
 	w.state = running
 	w.mu.Unlock()
 
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gate.Watch(ctx) })
+	problems := newProblemLog(w.log)
+	ww := &workWatch{}
+	_, err := w.pollWork(ctx, ww) // the baseline, before the first sweep
+	problems.check("reading the work signals", err)
+	problems.check("looking for vendors with work", w.sweep(ctx, w.runtimes(nil)))
+	poll := time.NewTicker(workPollEvery)
+	defer poll.Stop()
+	sweep := time.NewTicker(w.sweepEvery)
+	defer sweep.Stop()
 	for {
 		select {
 		case req := <-w.applyc:
-			removed, err := w.commit(ctx, req.plan)
+			removed, err := w.commit(req.plan)
 			wg.Go(func() { w.shutdown(removed) }) // Run waits for them below
 			req.reply <- err
+			if err == nil {
+				problems.check("looking for vendors with work", w.sweep(ctx, req.plan.added))
+			}
+			continue
+		case <-poll.C:
+			moved, err := w.pollWork(ctx, ww)
+			problems.check("reading the work signals", err)
+			if len(moved) > 0 {
+				for _, rt := range w.runtimes(moved) {
+					w.ensure(ctx, rt)
+				}
+			}
+			continue
+		case <-sweep.C:
+			problems.check("looking for vendors with work", w.sweep(ctx, w.runtimes(nil)))
+			continue
+		case rt := <-w.idlec:
+			if w.current(rt) && rt.server != nil {
+				stopped := w.detach(rt)
+				wg.Go(func() {
+					stopped()
+					select { // work may have come during the stop
+					case w.recheckc <- rt:
+					case <-ctx.Done():
+					}
+				})
+			}
+			continue
+		case rt := <-w.recheckc:
+			if w.current(rt) {
+				problems.check("looking for vendors with work", w.sweep(ctx, []*vendorRuntime{rt}))
+			}
 			continue
 		case <-ctx.Done():
 		}
@@ -330,17 +376,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	w.state = stopped
 	close(w.stopped)
-	all := make([]*vendorRuntime, 0, len(w.vendors))
-	for _, rt := range w.vendors {
-		all = append(all, rt)
-	}
 	w.mu.Unlock()
-	w.shutdown(all)
+	w.shutdown(w.runtimes(nil))
 	wg.Wait()
 	return nil
 }
 
-// start starts a vendor's asynq server and supervisor.
+// current reports whether rt is still one of the worker's vendors.
+func (w *Worker) current(rt *vendorRuntime) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.vendors[rt.vendor.Name] == rt
+}
+
+// start starts a vendor's asynq server and supervisor, on Run's goroutine.
 func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 	server := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
 		Concurrency:              rt.vendor.concurrency(),
@@ -358,12 +407,26 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	rt.server, rt.stop, rt.done = server, cancel, make(chan struct{})
+	w.serving.Add(1)
 	go func() {
 		defer close(rt.done)
 		w.supervise(sctx, rt)
 	}()
-	w.log.Info("serving vendor", "vendor", rt.vendor.Name, "queue", rt.queue, "concurrency", rt.vendor.concurrency())
+	w.log.Debug("serving vendor: its queue has work", "vendor", rt.vendor.Name, "queue", rt.queue, "concurrency", rt.vendor.concurrency())
 	return nil
+}
+
+// detach takes rt's server and supervisor off it, on Run's goroutine, and
+// returns the function that stops them and waits.
+func (w *Worker) detach(rt *vendorRuntime) (stop func()) {
+	server, cancel, done := rt.server, rt.stop, rt.done
+	rt.server, rt.stop, rt.done = nil, nil, nil
+	w.serving.Add(-1)
+	return func() {
+		cancel()
+		server.Shutdown()
+		<-done
+	}
 }
 
 // shutdown stops the vendors' supervisors and servers, in parallel, and
@@ -374,11 +437,7 @@ func (w *Worker) shutdown(rts []*vendorRuntime) {
 		if rt.server == nil {
 			continue
 		}
-		wg.Go(func() {
-			rt.stop()
-			rt.server.Shutdown()
-			<-rt.done
-		})
+		wg.Go(w.detach(rt))
 	}
 	wg.Wait()
 }

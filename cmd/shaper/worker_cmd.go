@@ -215,6 +215,7 @@ func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Conf
 type workerRef struct{ w **queue.Worker }
 
 func (r workerRef) Buckets() map[string]*shaper.Bucket { return (*r.w).Buckets() }
+func (r workerRef) Serving() int                       { return (*r.w).Serving() }
 func (r workerRef) AccountBacklogs(ctx context.Context) (map[string]int64, error) {
 	return (*r.w).AccountBacklogs(ctx)
 }

@@ -78,12 +78,14 @@ var (
 	paused          = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
 	pauseLeft       = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)
 	accountsBacklog = prometheus.NewDesc("shaper_accounts_with_backlog", "Accounts of a per-account vendor with calls planned ahead (no per-account label: accounts are unbounded).", []string{"vendor"}, nil)
+	served          = prometheus.NewDesc("shaper_vendors_served", "Vendors this worker runs a server for now: those whose queues hold work (an idle vendor costs nothing).", nil, nil)
 	oldest          = prometheus.NewDesc("shaper_oldest_queued_seconds", "Age of the oldest call waiting in the vendor's queue.", []string{"vendor"}, nil)
 )
 
 // Worker is what the metrics read of a running worker (a *queue.Worker).
 type Worker interface {
 	Buckets() map[string]*shaper.Bucket
+	Serving() int
 	AccountBacklogs(ctx context.Context) (map[string]int64, error)
 }
 
@@ -93,7 +95,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest, accountsBacklog} {
+	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest, accountsBacklog, served} {
 		ch <- d
 	}
 }
@@ -101,6 +103,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
+	ch <- prometheus.MustNewConstMetric(served, prometheus.GaugeValue, float64(c.worker.Serving()))
 	if backlogs, err := c.worker.AccountBacklogs(ctx); err == nil {
 		for name, n := range backlogs {
 			ch <- prometheus.MustNewConstMetric(accountsBacklog, prometheus.GaugeValue, float64(n), name)
