@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
@@ -48,6 +49,8 @@ func main() {
 	capS := flag.Int("cap", 12, "stop a run after this many seconds")
 	ceil := flag.Bool("ceilings", false, "measure the ceilings instead: tasks/s against plain asynq, and the highest rate shaped with 4 replicas")
 	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
+	overheadOnly := flag.Bool("overhead", false, "measure only the overhead: tasks/s against plain asynq with a vendor that never limits (printed, nothing written)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process to this file")
 	idleMode := flag.Bool("idle", false, "measure the idle cost instead: Redis commands/s, goroutines, CPU and heap of vendors served with nothing queued, shaper against plain asynq, on a redis-server of its own (writes idle.md)")
 	idleVendors := flag.Int("idle-vendors", 200, "vendors (queues) for -idle")
 	idleReplicas := flag.Int("idle-replicas", 3, "worker replicas for -idle")
@@ -71,6 +74,16 @@ func main() {
 		os.Exit(1)
 	}
 	rdb.Close()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	if *overheadOnly {
+		fmt.Print(overhead(addr, 5000))
+		return
+	}
 	if *ceil {
 		md := ceilings(addr, 5000, ints(*ceilRates))
 		fmt.Print(md)
