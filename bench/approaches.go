@@ -106,7 +106,9 @@ func (e *runEnv) shaperVendor() queue.Vendor {
 // (its gate cannot tell a new vendor from one whose state Redis lost).
 func warmShaper(ctx context.Context, e *runEnv) error {
 	v := e.shaperVendor()
-	g := shaper.NewGate(e.client(), shaper.Config{KeyPrefix: e.name})
+	rdb := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer rdb.Close()
+	g := shaper.NewGate(rdb, shaper.Config{KeyPrefix: e.name})
 	b, err := g.Bucket(v.Name, v.Policy)
 	if err != nil {
 		return err

@@ -50,6 +50,8 @@ func main() {
 	ceil := flag.Bool("ceilings", false, "measure the ceilings instead: tasks/s against plain asynq, and the highest rate shaped with 4 replicas")
 	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
 	overheadOnly := flag.Bool("overhead", false, "measure only the overhead: tasks/s against plain asynq with a vendor that never limits (printed, nothing written)")
+	accountsOnly := flag.Bool("accounts", false, "measure only 400 accounts at 5/s each with 4 replicas (printed, nothing written)")
+	accountsN := flag.Int("accounts-n", 400, "accounts for -accounts")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process to this file")
 	idleMode := flag.Bool("idle", false, "measure the idle cost instead: Redis commands/s, goroutines, CPU and heap of vendors served with nothing queued, shaper against plain asynq, on a redis-server of its own (writes idle.md)")
 	idleVendors := flag.Int("idle-vendors", 200, "vendors (queues) for -idle")
@@ -79,6 +81,12 @@ func main() {
 		must(err)
 		must(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
+	}
+	if *accountsOnly {
+		r, err := accountsRun(addr, *accountsN, 5, 60, 4)
+		must(err)
+		fmt.Print(accountsTable([]accountsResult{r}))
+		return
 	}
 	if *overheadOnly {
 		fmt.Print(overhead(addr, 5000))

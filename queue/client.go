@@ -200,9 +200,13 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 }
 
 // planLead is how long before its planned tick a call planned for later
-// comes back from the queue's schedule: asynq schedules in whole seconds
-// and forwards every second.
-const planLead = 2 * time.Second
+// comes back from the queue's schedule. asynq keeps schedules in whole
+// seconds: a call is scheduled at the whole second at or after its tick
+// less planLead, and is forwarded within perAccountForward of it, so it
+// comes back between planLead and planLead - 1s - perAccountForward
+// before its tick: early enough to take it, and holding a goroutine for
+// about a second, not longer.
+const planLead = 1500 * time.Millisecond
 
 // plan returns, for each call of a per-account vendor, how long from now
 // it should wait in the queue's schedule: its account's plan (see
@@ -250,13 +254,23 @@ func (c *Client) enqueueChecked(ctx context.Context, call Call, at time.Duration
 	}
 	opts := taskIDOption(call.ID)
 	if at > 0 {
-		opts = append(opts, asynq.ProcessIn(at))
+		opts = append(opts, asynq.ProcessAt(wholeSecondAfter(time.Now().Add(at))))
 	}
 	info, err := c.EnqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), opts...)
 	if err != nil {
 		return call.ID, err
 	}
 	return info.ID, nil
+}
+
+// wholeSecondAfter rounds t up to a whole second: asynq truncates a
+// schedule to its second, which would bring a call back up to a second
+// early.
+func wholeSecondAfter(t time.Time) time.Time {
+	if w := t.Truncate(time.Second); !w.Equal(t) {
+		return w.Add(time.Second)
+	}
+	return t
 }
 
 func taskIDOption(id string) []asynq.Option {

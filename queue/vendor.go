@@ -41,7 +41,7 @@ const maxConcurrency = 1000
 // perAccountBudget is how many accounts' worth of calls a per-account
 // vendor without a total holds at once, when its budget is sized from one
 // account's rate. (Set concurrency to size it yourself.)
-const perAccountBudget = 16
+const perAccountBudget = 64
 
 // concurrency sizes a vendor's worker budget: enough goroutines to hold a
 // horizon of granted ticks plus the calls in flight, so that no tick is
@@ -85,4 +85,18 @@ func (v Vendor) secrets() []string {
 		}
 	}
 	return out
+}
+
+// perAccountForward is how often a per-account vendor's server moves
+// calls whose planned moment has come from the schedule to the queue
+// (asynq's DelayedTaskCheckInterval): their accounts' backlogs wait
+// there, and a call forwarded late is a tick lost. Other vendors' queues
+// hold only retries and long waits there, checked every second.
+const perAccountForward = 250 * time.Millisecond
+
+func (v Vendor) forwardEvery() time.Duration {
+	if v.PerAccount {
+		return perAccountForward
+	}
+	return time.Second
 }

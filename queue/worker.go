@@ -395,7 +395,7 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 		Concurrency:              rt.vendor.concurrency(),
 		Queues:                   map[string]int{rt.queue: 1},
 		TaskCheckInterval:        100 * time.Millisecond,
-		DelayedTaskCheckInterval: time.Second,
+		DelayedTaskCheckInterval: rt.vendor.forwardEvery(),
 		ShutdownTimeout:          w.cfg.ShutdownTimeout,
 		IsFailure:                isFailure,
 		RetryDelayFunc:           w.retryDelay,
@@ -406,10 +406,11 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 		return fmt.Errorf("queue: start the worker of vendor %s: %w", rt.vendor.Name, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	rt.server, rt.stop, rt.done = server, cancel, make(chan struct{})
+	done := make(chan struct{})
+	rt.server, rt.stop, rt.done = server, cancel, done
 	w.serving.Add(1)
 	go func() {
-		defer close(rt.done)
+		defer close(done)
 		w.supervise(sctx, rt)
 	}()
 	w.log.Debug("serving vendor: its queue has work", "vendor", rt.vendor.Name, "queue", rt.queue, "concurrency", rt.vendor.concurrency())
