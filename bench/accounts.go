@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +20,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/internal/windows"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
@@ -34,16 +39,6 @@ type accountsResult struct {
 	LagP99, LagMax                 time.Duration // from a call's tick to the vendor reading it
 }
 
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	w.status = code
-	w.ResponseWriter.WriteHeader(code)
-}
-
 // tickHeader sends each call's tick, for the vendor to measure how late
 // it reads the call: the jitter the guard must cover.
 type tickHeader struct{}
@@ -57,60 +52,24 @@ func (tickHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 	return benchTransport.RoundTrip(r)
 }
 
-type lagLog struct {
-	mu sync.Mutex
-	d  []time.Duration
-}
-
-var lags lagLog
-
-func (l *lagLog) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
-func (l *lagLog) p99max() (time.Duration, time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.d) == 0 {
-		return 0, 0
-	}
-	slices.Sort(l.d)
-	p, m := l.d[len(l.d)*99/100], l.d[len(l.d)-1]
-	l.d = nil
-	return p, m
-}
-
 // accountsRun runs callsEach calls for each of n accounts of a vendor that
 // allows perAccount calls per second per account (fixed windows, a random
 // phase per account), through replicas workers, and measures window
 // safety per account and the share of the vendor's allowance delivered.
 func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsResult, error) {
 	res := accountsResult{Accounts: n, PerAccount: perAccount, Replicas: replicas, Calls: n * callsEach}
-	var succeeded atomic.Int64
-	vends := make(map[string]*vendorsim.Vendor, n)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("store-%03d", i)
-		vends[names[i]] = &vendorsim.Vendor{Rate: perAccount, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rest, _ := strings.CutPrefix(r.URL.Path, "/stores/")
-		account, _, _ := strings.Cut(rest, "/")
-		v, ok := vends[account]
-		if !ok {
-			http.Error(w, "no such store", http.StatusNotFound)
-			return
-		}
-		if ns, err := strconv.ParseInt(r.Header.Get("X-Tick"), 10, 64); err == nil {
-			lags.add(time.Since(time.Unix(0, ns)))
-		}
-		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		v.ServeHTTP(sw, r)
-		if sw.status < 300 {
-			succeeded.Add(1)
-		}
-	}))
-	defer srv.Close()
+	vendorURL, stopVendor, err := startAccountsVendor(n, perAccount)
+	if err != nil {
+		return res, err
+	}
+	defer stopVendor()
 	env := &runEnv{addr: addr, name: fmt.Sprintf("a%d-accounts", time.Now().UnixNano())}
 	defer env.close()
-	vendor := queue.Vendor{Vendor: vendorclients.Vendor{Name: env.name, BaseURL: srv.URL + "/stores/{account}"},
+	vendor := queue.Vendor{Vendor: vendorclients.Vendor{Name: env.name, BaseURL: vendorURL + "/stores/{account}"},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: perAccount, Window: time.Second}}}, PerAccount: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -155,43 +114,62 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 	if err := <-errs; err != nil {
 		return res, err
 	}
-	// Counted as answered, not summarised, while it runs: summaries of
-	// 400 vendors five times a second would load the machine under test.
-	done := func() int { return int(succeeded.Load()) }
+	done := func() int {
+		var c struct{ Succeeded int }
+		_ = getJSON(vendorURL+"/_count", &c)
+		return c.Succeeded
+	}
 	limit := time.Duration(2*callsEach/perAccount+30) * time.Second
 	for time.Since(start) < limit && done() < res.Calls {
 		time.Sleep(200 * time.Millisecond)
 	}
 	res.Took = time.Since(start)
-	res.LagP99, res.LagMax = lags.p99max()
-	var first, last time.Time
+	if os.Getenv("BENCH_DEBUG") != "" {
+		st, _ := env.client().HGetAll(ctx, env.name+":{"+env.name+"}:stats").Result()
+		fmt.Fprintln(os.Stderr, st)
+	}
+	var got map[string]accountLog
+	if err := getJSON(vendorURL+"/_requests", &got); err != nil {
+		return res, err
+	}
 	var allIn, firstOut time.Time // every account has started / the first has finished
 	var shares []float64
 	var all []time.Time
-	for _, v := range vends {
-		s := v.Summarize()
-		res.Done += s.DistinctKeys
-		res.RateLimited += s.RateLimited
-		res.WorstWindow = max(res.WorstWindow, s.MaxPerWindow)
-		reqs := v.Requests()
-		if len(reqs) < 2 {
+	var lagList []time.Duration
+	for _, a := range got {
+		keys := map[string]bool{}
+		ts := make([]time.Time, 0, len(a.Requests))
+		for _, r := range a.Requests {
+			t := time.Unix(0, r.At)
+			ts = append(ts, t)
+			all = append(all, t)
+			if r.Status == http.StatusTooManyRequests {
+				res.RateLimited++
+			}
+			if r.Status < 300 {
+				keys[r.Key] = true
+			}
+			if r.Tick > 0 {
+				lagList = append(lagList, t.Sub(time.Unix(0, r.Tick)))
+			}
+		}
+		res.Done += len(keys)
+		res.WorstWindow = max(res.WorstWindow, windows.MaxFixed(ts, time.Second, time.Duration(a.Phase)))
+		if len(ts) < 2 {
 			continue
 		}
-		f, l := reqs[0].At, reqs[len(reqs)-1].At
-		if first.IsZero() || f.Before(first) {
-			first = f
-		}
-		last = maxTime(last, l)
+		f, l := ts[0], ts[len(ts)-1]
 		allIn = maxTime(allIn, f)
 		if firstOut.IsZero() || l.Before(firstOut) {
 			firstOut = l
 		}
-		for _, r := range reqs {
-			all = append(all, r.At)
-		}
 		// An account's own share: calls after its first, over its span,
 		// against its allowance.
-		shares = append(shares, float64(len(reqs)-1)/l.Sub(f).Seconds()/float64(perAccount))
+		shares = append(shares, float64(len(ts)-1)/l.Sub(f).Seconds()/float64(perAccount))
+	}
+	if len(lagList) > 0 {
+		slices.Sort(lagList)
+		res.LagP99, res.LagMax = lagList[len(lagList)*99/100], lagList[len(lagList)-1]
 	}
 	// What the vendor allows is delivered while every account has calls
 	// waiting: from the moment the last account started to the moment the
@@ -231,4 +209,120 @@ func accountsTable(rs []accountsResult) string {
 			r.Delivered, r.Steady.Round(100*time.Millisecond), 100*r.Share, 100*r.ShareP10, r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond), r.Took.Round(100*time.Millisecond))
 	}
 	return b.String()
+}
+
+// accountLog is what the vendor process saw of one account.
+type accountLog struct {
+	Phase    int64 // ns
+	Requests []loggedRequest
+}
+
+type loggedRequest struct {
+	At, Tick int64 // ns; Tick from the X-Tick header, 0 if none
+	Status   int
+	Key      string
+}
+
+func getJSON(url string, v any) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// startAccountsVendor runs the per-account vendor in a process of its own
+// (this binary with -serve-accounts), so that its clock reads a request
+// when it arrives, not when the loaded bench process gets round to it.
+func startAccountsVendor(n, perAccount int) (url string, stop func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(exe, "-serve-accounts", strconv.Itoa(n), "-serve-rate", strconv.Itoa(perAccount))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("the vendor process did not say where it listens: %w", err)
+	}
+	return strings.TrimSpace(line), stop, nil
+}
+
+// serveAccounts is the vendor process: n accounts, each a fixed-window
+// vendor of perAccount calls per second at a random phase, under
+// /stores/<account>/; /_count and /_requests report.
+func serveAccounts(n, perAccount int) error {
+	vends := make(map[string]*vendorsim.Vendor, n)
+	ticks := map[string]int64{} // Idempotency-Key + arrival -> tick, by request
+	var mu sync.Mutex
+	var succeeded atomic.Int64
+	for i := range n {
+		vends[fmt.Sprintf("store-%03d", i)] = &vendorsim.Vendor{Rate: perAccount, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stores/", func(w http.ResponseWriter, r *http.Request) {
+		rest, _ := strings.CutPrefix(r.URL.Path, "/stores/")
+		account, _, _ := strings.Cut(rest, "/")
+		v, ok := vends[account]
+		if !ok {
+			http.Error(w, "no such store", http.StatusNotFound)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		v.ServeHTTP(sw, r)
+		if sw.status < 300 {
+			succeeded.Add(1)
+		}
+		if tick, err := strconv.ParseInt(r.Header.Get("X-Tick"), 10, 64); err == nil {
+			mu.Lock()
+			ticks[account+"|"+r.Header.Get("Idempotency-Key")+"|"+strconv.Itoa(sw.status)] = tick
+			mu.Unlock()
+		}
+	})
+	mux.HandleFunc("/_count", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]int64{"Succeeded": succeeded.Load()})
+	})
+	mux.HandleFunc("/_requests", func(w http.ResponseWriter, r *http.Request) {
+		out := make(map[string]accountLog, len(vends))
+		mu.Lock()
+		defer mu.Unlock()
+		for name, v := range vends {
+			l := accountLog{Phase: int64(v.Phase)}
+			for _, q := range v.Requests() {
+				l.Requests = append(l.Requests, loggedRequest{At: q.At.UnixNano(), Status: q.Status, Key: q.Key,
+					Tick: ticks[name+"|"+q.Key+"|"+strconv.Itoa(q.Status)]})
+			}
+			out[name] = l
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("http://%s\n", ln.Addr())
+	return http.Serve(ln, mux)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
 }

@@ -51,6 +51,8 @@ func main() {
 	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
 	overheadOnly := flag.Bool("overhead", false, "measure only the overhead: tasks/s against plain asynq with a vendor that never limits (printed, nothing written)")
 	accountsOnly := flag.Bool("accounts", false, "measure only 400 accounts at 5/s each with 4 replicas (printed, nothing written)")
+	serveAccountsN := flag.Int("serve-accounts", 0, "internal: run the per-account vendor of -accounts with this many accounts")
+	serveRate := flag.Int("serve-rate", 5, "internal: calls per second per account for -serve-accounts")
 	accountsN := flag.Int("accounts-n", 400, "accounts for -accounts")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process to this file")
 	idleMode := flag.Bool("idle", false, "measure the idle cost instead: Redis commands/s, goroutines, CPU and heap of vendors served with nothing queued, shaper against plain asynq, on a redis-server of its own (writes idle.md)")
@@ -58,6 +60,10 @@ func main() {
 	idleReplicas := flag.Int("idle-replicas", 3, "worker replicas for -idle")
 	idleWindow := flag.Duration("idle-window", 20*time.Second, "measuring window for -idle, after a 5s warm-up")
 	flag.Parse()
+	if *serveAccountsN > 0 {
+		must(serveAccounts(*serveAccountsN, *serveRate))
+		return
+	}
 	if *idleMode {
 		md, err := idle(*idleVendors, *idleReplicas, *idleWindow)
 		must(err)

@@ -206,7 +206,7 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 // comes back between planLead and planLead - 1s - perAccountForward
 // before its tick: early enough to take it, and holding a goroutine for
 // about a second, not longer.
-const planLead = 1500 * time.Millisecond
+const planLead = 1100 * time.Millisecond
 
 // plan returns, for each call of a per-account vendor, how long from now
 // it should wait in the queue's schedule: its account's plan (see

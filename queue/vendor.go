@@ -92,7 +92,7 @@ func (v Vendor) secrets() []string {
 // (asynq's DelayedTaskCheckInterval): their accounts' backlogs wait
 // there, and a call forwarded late is a tick lost. Other vendors' queues
 // hold only retries and long waits there, checked every second.
-const perAccountForward = 250 * time.Millisecond
+const perAccountForward = 100 * time.Millisecond
 
 func (v Vendor) forwardEvery() time.Duration {
 	if v.PerAccount {

@@ -177,11 +177,13 @@ end
 -- reach at most now + horizon, so the next tick comes an interval later.
 local epoch = redis.call('EXISTS', KEYS[6]) == 1
 if not epoch then redis.call('SET', KEYS[6], string.format('%d', now)) end
-local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log')
+local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log', 'plan')
 local last = tonumber(st[1])
 local n = tonumber(st[2]) or 0
 local reason = 1
-if last == nil then
+-- A state holding a plan and no tick yet (calls planned, none granted)
+-- lost nothing, unless the group lost its epoch with it.
+if last == nil and (st[6] == false or not epoch) then
   local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
   if not epoch or (exp and exp > now) then
     last = now + horizon
