@@ -275,3 +275,49 @@ func TestBacklogs(t *testing.T) {
 		t.Errorf("backlogs %+v of %d; want big (about 10 s ahead) then mid, of 3", top, count)
 	}
 }
+
+// TestPlannedBucketStartsAtOnce: an account whose calls were planned
+// before any was granted lost nothing, so its first call is granted at
+// once (its plan keeps its state alive before any tick exists); with
+// the group's epoch gone too, Redis lost data, and the first tick waits
+// out the horizon as any lost state does.
+func TestPlannedBucketStartsAtOnce(t *testing.T) {
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	var now atomic.Int64
+	now.Store(2_000_000_000_000)
+	r.gate.testNow = now.Load
+	ctx := context.Background()
+	grp, err := r.gate.Group("shop", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}}, NoGuard: true}
+	old, _ := grp.Bucket("old", p)
+	if _, err := old.reserve(ctx); err != nil { // the group is in service
+		t.Fatal(err)
+	}
+	before, _ := old.Stats(ctx) // the group's stats: the first use counted a reset
+	fresh, _ := grp.Bucket("fresh", p)
+	if _, _, err := fresh.Plan(ctx, 20); err != nil {
+		t.Fatal(err)
+	}
+	res, err := fresh.reserve(ctx)
+	if err != nil || !res.ok || res.wait != 0 {
+		t.Fatalf("first call of a planned account: %+v, %v; want granted now", res, err)
+	}
+	if st, _ := fresh.Stats(ctx); st.Resets != before.Resets {
+		t.Errorf("resets %d -> %d: a plan is not a lost state", before.Resets, st.Resets)
+	}
+
+	lost, _ := grp.Bucket("lost", p)
+	if _, _, err := lost.Plan(ctx, 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.rdb.Del(ctx, lost.keys.epoch).Err(); err != nil { // Redis lost the group
+		t.Fatal(err)
+	}
+	res, err = lost.reserve(ctx)
+	if err != nil || (res.ok && res.wait < p.withDefaults().Horizon) {
+		t.Errorf("first call after the group's epoch was lost: %+v, %v; want no tick before the horizon", res, err)
+	}
+}
