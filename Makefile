@@ -27,6 +27,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
 	benchstat bench.txt
 	$(GO) run ./bench -out docs
+	$(GO) run ./bench -scale -out docs
 
 # What serving 200 idle vendors costs in Redis commands/s, goroutines and
 # CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).

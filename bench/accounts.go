@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -325,4 +326,26 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(code int) {
 	w.status = code
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// scaleReport is `make bench`'s scale section: the overhead against plain
+// asynq, and three runs of 400 accounts at 5/s each with 4 replicas.
+func scaleReport(addr string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Scale: overhead and many accounts\n\n`go run ./bench -scale -out docs` (part of `make bench`), Redis at %s, %d CPUs, %s.\n\n", addr, runtime.NumCPU(), runtime.Version())
+	b.WriteString("## Overhead: a vendor that never limits\n\n")
+	b.WriteString(overhead(addr, 5000))
+	b.WriteString("## 400 accounts at 5 calls/s each (2,000/s in all), 4 replicas\n\n")
+	b.WriteString("Each account is a fixed-window vendor (5 per second, a random phase of its own) in a process of its own, so that it reads a call when it arrives; 60 calls per account, enqueued per account while the workers run. The share is counted while every account had calls waiting; the vendor allows 5 per second per account, shaper's default guard (20 ms) spaces them to 4.9.\n\n")
+	var rs []accountsResult
+	for range 3 {
+		r, err := accountsRun(addr, 400, 5, 60, 4)
+		if err != nil {
+			fmt.Fprintf(&b, "run failed: %v\n\n", err)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	b.WriteString(accountsTable(rs))
+	return b.String()
 }

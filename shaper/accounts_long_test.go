@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,11 +20,24 @@ import (
 // mem_clients_normal), both in bytes.
 func redisMemory(t *testing.T, rdb *redis.Client) (allocated, used int64) {
 	t.Helper()
+	a, u, _ := redisMemoryStats(t, rdb)
+	return a, u
+}
+
+// redisMemoryStats is redisMemory with every number of MEMORY STATS.
+func redisMemoryStats(t *testing.T, rdb *redis.Client) (allocated, used int64, all map[string]int64) {
+	t.Helper()
 	st, err := rdb.Do(context.Background(), "MEMORY", "STATS").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	m, _ := st.(map[any]any)
+	all = map[string]int64{}
+	for k, v := range m {
+		if n, ok := v.(int64); ok {
+			all[fmt.Sprint(k)] = n
+		}
+	}
 	num := func(k string) int64 {
 		switch v := m[k].(type) {
 		case int64:
@@ -32,7 +46,7 @@ func redisMemory(t *testing.T, rdb *redis.Client) (allocated, used int64) {
 		t.Fatalf("MEMORY STATS has no %s: %v", k, m)
 		return 0
 	}
-	return num("allocator.allocated"), num("total.allocated") - num("clients.normal")
+	return num("allocator.allocated"), num("total.allocated") - num("clients.normal"), all
 }
 
 // TestLongHundredThousandAccounts: 100,000 buckets of one group (accounts
@@ -55,7 +69,7 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.rdb.Del(ctx, warm.keys.gate, warm.keys.replicas)
-	before, usedBefore := redisMemory(t, r.rdb)
+	before, usedBefore, statsBefore := redisMemoryStats(t, r.rdb)
 	const n = 100_000
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -97,6 +111,12 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 	after, usedAfter := redisMemory(t, r.rdb)
 	for settle := time.Now().Add(5 * time.Second); float64(after) > 1.1*float64(before) && time.Now().Before(settle); after, usedAfter = redisMemory(t, r.rdb) {
 		time.Sleep(200 * time.Millisecond)
+	}
+	_, _, statsAfter := redisMemoryStats(t, r.rdb)
+	for k, v := range statsAfter { // where Redis's own count moved
+		if d := v - statsBefore[k]; d > 4096 || d < -4096 {
+			t.Logf("MEMORY STATS %s: %d -> %d", k, statsBefore[k], v)
+		}
 	}
 	t.Logf("after idle: allocated %d -> %d bytes (%+.1f%%); Redis's own count %d -> %d (%+.1f%%); %d keys; %d buckets held in the process",
 		before, after, 100*float64(after-before)/float64(before), usedBefore, usedAfter, 100*float64(usedAfter-usedBefore)/float64(usedBefore),
