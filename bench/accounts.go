@@ -38,6 +38,7 @@ type accountsResult struct {
 	Took                           time.Duration
 	Steady                         time.Duration // while every account had calls waiting
 	LagP99, LagMax                 time.Duration // from a call's tick to the vendor reading it
+	GateTrips                      int           // gate round trips (reservations and ticks given up)
 }
 
 // tickHeader sends each call's tick, for the vendor to measure how late
@@ -125,9 +126,12 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 		time.Sleep(200 * time.Millisecond)
 	}
 	res.Took = time.Since(start)
-	if os.Getenv("BENCH_DEBUG") != "" {
-		st, _ := env.client().HGetAll(ctx, env.name+":{"+env.name+"}:stats").Result()
-		fmt.Fprintln(os.Stderr, st)
+	// The gate's round trips: reservations (granted or deferred) and ticks
+	// given up (late, or dropped for a pause).
+	st, _ := env.client().HGetAll(ctx, env.name+":{"+env.name+"}:stats").Result()
+	for _, f := range []string{"granted", "deferred", "late", "dropped"} {
+		n, _ := strconv.Atoi(st[f])
+		res.GateTrips += n
 	}
 	var got map[string]accountLog
 	if err := getJSON(vendorURL+"/_requests", &got); err != nil {
@@ -203,11 +207,11 @@ func maxTime(a, b time.Time) time.Time {
 // accountsTable renders runs of accountsRun.
 func accountsTable(rs []accountsResult) string {
 	var b strings.Builder
-	b.WriteString("| accounts x limit/s | replicas | calls done | HTTP 429s | most calls of one account in one of its windows / limit | calls/s while every account had calls waiting | share of what the vendor allows | p10 of accounts' own share | tick to vendor p99 / max | took |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| accounts x limit/s | replicas | calls done | HTTP 429s | most calls of one account in one of its windows / limit | calls/s while every account had calls waiting | share of what the vendor allows | p10 of accounts' own share | tick to vendor p99 / max | gate round trips per call | took |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d x %d | %d | %d/%d | %d | %d / %d | %.0f (over %s) | **%.1f%%** | %.1f%% | %s / %s | %s |\n",
+		fmt.Fprintf(&b, "| %d x %d | %d | %d/%d | %d | %d / %d | %.0f (over %s) | **%.1f%%** | %.1f%% | %s / %s | %.2f | %s |\n",
 			r.Accounts, r.PerAccount, r.Replicas, r.Done, r.Calls, r.RateLimited, r.WorstWindow, r.PerAccount,
-			r.Delivered, r.Steady.Round(100*time.Millisecond), 100*r.Share, 100*r.ShareP10, r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond), r.Took.Round(100*time.Millisecond))
+			r.Delivered, r.Steady.Round(100*time.Millisecond), 100*r.Share, 100*r.ShareP10, r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond), float64(r.GateTrips)/float64(max(r.Done, 1)), r.Took.Round(100*time.Millisecond))
 	}
 	return b.String()
 }

@@ -3,6 +3,7 @@ package shaper
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,9 +51,11 @@ func redisMemoryStats(t *testing.T, rdb *redis.Client) (allocated, used int64, a
 }
 
 // TestLongHundredThousandAccounts: 100,000 buckets of one group (accounts
-// of a vendor, with a total) used once each, then idle: Redis memory comes
-// back to within 10% of where it started, and the process holds no state
-// for them.
+// of a vendor, with a total) used once each, then idle: Redis memory (its
+// allocator's count and its own) and the process's heap come back to
+// within 10% of where they started, and the process holds no state for
+// them. The client's 16 connections are open before and after: their
+// buffers, on both sides, are the pool's, not the buckets'.
 func TestLongHundredThousandAccounts(t *testing.T) {
 	redistest.Long(t)
 	srv := redistest.Start(t) // a Redis of its own: its memory is this test's
@@ -69,7 +72,17 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.rdb.Del(ctx, warm.keys.gate, warm.keys.replicas)
+	var pool sync.WaitGroup // the client's 16 connections (and their buffers) exist before and after
+	for range 16 {
+		pool.Go(func() {
+			for range 200 {
+				r.rdb.Ping(ctx)
+			}
+		})
+	}
+	pool.Wait()
 	before, usedBefore, statsBefore := redisMemoryStats(t, r.rdb)
+	heapBefore := heapInuse()
 	const n = 100_000
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -124,7 +137,23 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 	if float64(after) > 1.1*float64(before) {
 		t.Errorf("Redis holds %d bytes from its allocator after idle, %d before: more than 10%% above", after, before)
 	}
+	if float64(usedAfter) > 1.1*float64(usedBefore) {
+		t.Errorf("Redis counts %d bytes used after idle, %d before: more than 10%% above", usedAfter, usedBefore)
+	}
 	if r.gate.activeBuckets() != 0 {
 		t.Errorf("the process holds state for %d buckets", r.gate.activeBuckets())
 	}
+	heapAfter := heapInuse()
+	t.Logf("process heap in use after a GC: %d -> %d bytes (%+.1f%%)", heapBefore, heapAfter, 100*(float64(heapAfter)-float64(heapBefore))/float64(heapBefore))
+	if float64(heapAfter) > 1.1*float64(heapBefore)+512<<10 {
+		t.Errorf("the process's heap grew from %d to %d bytes with 100,000 buckets used once", heapBefore, heapAfter)
+	}
+}
+
+// heapInuse is the process's heap in use after a full GC.
+func heapInuse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
 }
