@@ -31,7 +31,7 @@ func allocated(t *testing.T, rdb *redis.Client) int64 {
 	return n
 }
 
-// TestLongQueuedCallMemory: 20,000 calls queued for one account of a
+// TestLongQueuedCallMemory: 100,000 calls queued for one account of a
 // per-account vendor (a backlog the client plans into asynq's schedule)
 // cost no more Redis memory per call than the same tasks enqueued with
 // plain asynq into its schedule, plus 64 bytes.
@@ -41,7 +41,7 @@ func TestLongQueuedCallMemory(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
-	const n = 20_000
+	const n = 100_000
 	calls := make([]Call, n)
 	for i := range calls {
 		calls[i] = Call{Account: "store-1", ID: fmt.Sprintf("order-%06d", i), Method: "POST", Path: "/orders"}
