@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/internal/windows"
 	"github.com/shaper-dev/shaper/shaper"
@@ -138,13 +139,27 @@ func TestAccountsAreCheckedAtEnqueue(t *testing.T) {
 }
 
 // TestOneAccountsBacklogDelaysNoOther: one account with 2,000 calls
-// queued at 5/s, then nine accounts with 10 calls each: the backlog waits
-// in the queue's schedule (its account's plan), so each small account is
-// done in about its own 2 s, not behind the backlog.
+// queued at 5/s, then nine accounts with 10 calls each, two workers: the
+// backlog waits in the queue's schedule (its account's plan), so each
+// small account is done in about its own 2 s, not behind the backlog.
 func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 	t.Parallel()
+	backlogDelaysNoOther(t, 9, 2)
+}
+
+// TestLongOneAccountsBacklogDelaysNoOther is the same with 99 small
+// accounts and three workers.
+func TestLongOneAccountsBacklogDelaysNoOther(t *testing.T) {
+	redistest.Long(t)
+	backlogDelaysNoOther(t, 99, 3)
+}
+
+func backlogDelaysNoOther(t *testing.T, accounts, workers int) {
 	e := newEnv(t)
-	small := []string{"s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"}
+	var small []string
+	for i := range accounts {
+		small = append(small, fmt.Sprintf("s%02d", i+1))
+	}
 	base, vends := accountVendors(t, append([]string{"big"}, small...), 5)
 	name := "iso-" + e.prefix[5:]
 	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
@@ -161,8 +176,9 @@ func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 	if _, err := c.EnqueueBatch(ctx, name, batch("big", 2000)); err != nil {
 		t.Fatal(err)
 	}
-	e.startWorker(nil)
-	e.startWorker(nil)
+	for range workers {
+		e.startWorker(nil)
+	}
 	waitFor(t, 30*time.Second, "the backlog to flow", func() bool { return vends["big"].Summarize().DistinctKeys >= 10 })
 	start := time.Now()
 	for _, a := range small {
@@ -184,8 +200,8 @@ func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 		took = append(took, done[a])
 	}
 	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
-	t.Logf("9 accounts x 10 calls at 5/s beside an account with 2,000 queued: done after p50 %s, max %s (10 calls at 5/s take 1.8 s)",
-		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	t.Logf("%d accounts x 10 calls at 5/s beside an account with 2,000 queued, %d workers: done after p50 %s, max %s (10 calls at 5/s take 1.8 s)",
+		accounts, workers, took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 	if took[len(took)-1] > 6*time.Second {
 		t.Errorf("a small account took %s: the backlog delayed it", took[len(took)-1])
 	}
