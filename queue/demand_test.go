@@ -18,9 +18,9 @@ import (
 // while their queues are empty (no server, no goroutine per vendor),
 // serves a vendor once a call is queued for it (queued before the worker
 // started, by a client's signal, or by anything else, found by a sweep),
-// and stops serving it once its queue has stayed empty.
+// and stops serving it once its queue has stayed empty. Not parallel: it
+// counts the process's goroutines.
 func TestServersFollowWork(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t)
 	var got atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) })
