@@ -228,11 +228,7 @@ func (c *Client) plan(ctx context.Context, vendor string, calls []Call) ([]time.
 		byAccount[call.Account] = append(byAccount[call.Account], i)
 	}
 	for account, idx := range byAccount {
-		p := v.Policy
-		if o, ok := v.Overrides[account]; ok {
-			p = o
-		}
-		b, err := group.Bucket(account, p)
+		b, err := group.Bucket(account, accountPolicy(v.Policy, v.Overrides, account))
 		if err != nil {
 			return nil, fmt.Errorf("queue: vendor %s, account %s: %w", vendor, account, err)
 		}

@@ -64,7 +64,11 @@ func (v Vendor) concurrency() int {
 		timeout = vendorclients.DefaultTimeout
 	}
 	hold := v.Policy.Horizon
-	if hold <= 0 {
+	switch {
+	case hold > 0:
+	case v.PerAccount:
+		hold = perAccountHorizon
+	default:
 		hold = shaper.DefaultHorizon
 	}
 	hold += min(timeout, time.Second)
@@ -99,4 +103,25 @@ func (v Vendor) forwardEvery() time.Duration {
 		return perAccountForward
 	}
 	return time.Second
+}
+
+// perAccountHorizon is how far ahead an account's ticks are reserved when
+// its policy does not say (shaper's default is 1 s). An account's planned
+// calls come back from asynq's whole-second schedule up to about 1.2 s
+// before their ticks; reserving that far ahead lets each ask the gate
+// once. The price: a group Redis lost (or never saw) waits 1.5 s before
+// its first tick, not 1 s.
+const perAccountHorizon = 1500 * time.Millisecond
+
+// accountPolicy is the policy of one account of a per-account vendor:
+// its override, or the vendor's, with the per-account horizon.
+func accountPolicy(base shaper.Policy, overrides map[string]shaper.Policy, account string) shaper.Policy {
+	p := base
+	if o, ok := overrides[account]; ok {
+		p = o
+	}
+	if p.Horizon == 0 {
+		p.Horizon = perAccountHorizon
+	}
+	return p
 }

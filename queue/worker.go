@@ -119,11 +119,7 @@ func (rt *vendorRuntime) clientFor(account string) (*vendorclients.Client, error
 	case account == "":
 		return nil, fmt.Errorf("vendor %s is per-account, and the task names no account: %w", rt.vendor.Name, asynq.SkipRetry)
 	}
-	p := sh.policy
-	if o, ok := sh.overrides[account]; ok {
-		p = o
-	}
-	b, err := sh.group.Bucket(account, p)
+	b, err := sh.group.Bucket(account, accountPolicy(sh.policy, sh.overrides, account))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
