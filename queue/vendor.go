@@ -41,7 +41,7 @@ const maxConcurrency = 1000
 // perAccountBudget is how many accounts' worth of calls a per-account
 // vendor without a total holds at once, when its budget is sized from one
 // account's rate. (Set concurrency to size it yourself.)
-const perAccountBudget = 64
+const perAccountBudget = 128
 
 // concurrency sizes a vendor's worker budget: enough goroutines to hold a
 // horizon of granted ticks plus the calls in flight, so that no tick is
