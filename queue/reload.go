@@ -13,6 +13,7 @@ type plan struct {
 	added   []*vendorRuntime
 	changed map[string]*shaper.Bucket
 	shapes  map[string]*accountShape // per-account vendors' new shapes
+	respace []*shaper.Bucket         // buckets whose tick changed
 	vendors []Vendor
 	notes   []string
 }
@@ -61,6 +62,7 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 		newIv, newBurst := b.Policy().Tick()
 		if oldIv != newIv || oldBurst != newBurst {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s: tick %d every %s -> %d every %s", v.Name, oldBurst, oldIv, newBurst, newIv))
+			p.respace = append(p.respace, b)
 		}
 		if v.BaseURL != rt.vendor.BaseURL || v.Timeout != rt.vendor.Timeout || v.Concurrency != rt.vendor.Concurrency ||
 			v.UserAgent != rt.vendor.UserAgent || !maps.Equal(v.Headers, rt.vendor.Headers) {

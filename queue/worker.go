@@ -333,6 +333,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			req.reply <- err
 			if err == nil {
 				problems.check("looking for vendors with work", w.sweep(ctx, req.plan.added))
+				w.respace(ctx, req.plan.respace)
 			}
 			continue
 		case <-poll.C:
@@ -376,6 +377,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.shutdown(w.runtimes(nil))
 	wg.Wait()
 	return nil
+}
+
+// respace makes changed ticks what the vendors see at once: the ticks
+// reserved at the old spacing are dropped by every replica's gate and
+// asked for again (see shaper.Control.Respace).
+func (w *Worker) respace(ctx context.Context, buckets []*shaper.Bucket) {
+	for _, b := range buckets {
+		if err := b.Control().Respace(ctx); err != nil {
+			w.log.Warn("could not respace a vendor's reserved ticks after a rate change; they go out at the old spacing", "vendor", b.Name(), "err", err)
+		}
+	}
 }
 
 // current reports whether rt is still one of the worker's vendors.

@@ -92,8 +92,9 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			}
 			continue
 		}
-		if b.gate.pausedAt(l, now) {
-			// Granted before a pause began: the vendor just said stop.
+		if b.gate.pausedAt(l, now) || b.gate.respacedSince(l, sent) {
+			// Granted before a pause began (the vendor just said stop), or
+			// at a spacing that has since changed: ask again.
 			if err := b.giveUp(ctx, r.lease, gaveUpDropped); err != nil {
 				return nil, 0, err
 			}

@@ -687,3 +687,63 @@ func TestPauseDropsReservedTicks(t *testing.T) {
 		t.Error("no reserved tick was dropped: the test did not pause a busy bucket")
 	}
 }
+
+// TestRespaceAppliesAtOnce lowers a busy bucket's rate from 100/s to 25/s
+// while callers on two watching replicas hold ticks reserved up to a
+// horizon ahead at the old spacing, and respaces it: those ticks are
+// dropped and asked for again, so from a moment after the change no
+// sliding second holds more than the new rate (without the respace, up
+// to a second of calls at 100/s still go out).
+func TestRespaceAppliesAtOnce(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
+	defer cancel()
+	var reps []*replica
+	for range 2 {
+		r := newReplica(t, addr, prefix, nil)
+		reps = append(reps, r)
+		startWatch(t, ctx, &watchers, r.gate)
+	}
+	rec := &recorder{}
+	var changedAt time.Time
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		time.Sleep(1500 * time.Millisecond) // a backlog with ticks reserved ahead
+		b, _ := reps[0].gate.Bucket("acme", p)
+		changedAt = time.Now()
+		if err := b.Control().SetRate(context.Background(), 25, "test"); err != nil {
+			t.Error(err)
+		}
+		if err := b.Control().Respace(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	drain(t, reps, "acme", p, 16, 250, rec)
+	wg.Wait()
+	// From respaceSlack and a message's way after the change, the new rate.
+	from := changedAt.Add(respaceSlack + 30*time.Millisecond)
+	var after []time.Time
+	lastOld := changedAt
+	for _, x := range rec.times() {
+		if x.After(from) {
+			after = append(after, x)
+		} else if x.After(lastOld) {
+			lastOld = x
+		}
+	}
+	most := windows.MaxSliding(after, time.Second)
+	b, _ := reps[1].gate.Bucket("acme", p)
+	st, _ := b.Stats(context.Background())
+	t.Logf("rate 100/s -> 25/s: last call at the old spacing %s after the change; then at most %d calls in a sliding second (%d calls); %d reserved ticks dropped",
+		lastOld.Sub(changedAt).Round(time.Millisecond), most, len(after), st.Dropped)
+	if most > 25 {
+		t.Errorf("%d calls in a sliding second after the change to 25/s", most)
+	}
+	if len(after) < 50 {
+		t.Errorf("only %d calls after the change: the test did not respace a busy bucket", len(after))
+	}
+}

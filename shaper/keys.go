@@ -87,6 +87,9 @@ func (k bucketKeys) all() []string {
 // pauseChannel is the Pub/Sub channel pauses are announced on.
 func pauseChannel(prefix string) string { return prefix + ":pauses" }
 
+// respaceChannel is the Pub/Sub channel respaced buckets are announced on.
+func respaceChannel(prefix string) string { return prefix + ":respaces" }
+
 // checkName rejects group and bucket names that would break the key
 // scheme.
 func checkName(what, name string) error {

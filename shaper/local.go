@@ -15,6 +15,7 @@ type local struct {
 	callers     int
 	asking      chan struct{} // slots for reservations in flight to Redis
 	pausedUntil time.Time     // local end of a pause heard of while callers wait
+	respacedAt  time.Time     // local time of the last respace heard of while callers wait
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
@@ -63,4 +64,21 @@ func (g *Gate) activeBuckets() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.active)
+}
+
+// noteRespace records that bucket's line was restarted at at: callers
+// granted a tick before then drop it and ask again.
+func (g *Gate) noteRespace(bucket string, at time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l, ok := g.active[bucket]; ok && at.After(l.respacedAt) {
+		l.respacedAt = at
+	}
+}
+
+// respacedSince reports whether a respace was heard of after t.
+func (g *Gate) respacedSince(l *local, t time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return l.respacedAt.After(t)
 }

@@ -69,20 +69,27 @@ func (g *Gate) Watch(ctx context.Context) {
 
 // watchOnce holds one subscription until it fails or ctx ends.
 func (g *Gate) watchOnce(ctx context.Context) {
-	sub := g.rdb.Subscribe(ctx, pauseChannel(g.prefix))
+	sub := g.rdb.Subscribe(ctx, pauseChannel(g.prefix), respaceChannel(g.prefix))
 	defer sub.Close()
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() }) // unblocks ReceiveMessage
 	defer stop()
-	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
-		return
+	for range 2 { // the subscriptions' confirmations
+		if _, err := sub.Receive(ctx); err != nil {
+			return
+		}
 	}
 	if g.testWatchedUp != nil {
 		g.testWatchedUp()
 	}
+	respaces := respaceChannel(g.prefix)
 	for {
 		msg, err := sub.ReceiveMessage(ctx)
 		if err != nil {
 			return
+		}
+		if msg.Channel == respaces {
+			g.noteRespace(msg.Payload, g.clock.Now())
+			continue
 		}
 		bucket, us, ok := strings.Cut(msg.Payload, "|")
 		n, err := strconv.ParseInt(us, 10, 64)
