@@ -264,12 +264,16 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("stats --json is not the documented shape: %v\n%s", err, out)
 	}
-	if len(rep.Vendors) != 1 || rep.Vendors[0].Vendor != "emb" || rep.Vendors[0].GrantedTotal != 20 ||
-		rep.Vendors[0].GrantedLastMinute != 20 || rep.Vendors[0].Queued != 0 || rep.Vendors[0].ConfiguredRate != 49.02 {
-		t.Errorf("stats: %+v", rep.Vendors)
+	// Ticks granted: one per call, and one more for each tick given up
+	// late (a busy machine) and asked for again.
+	v := rep.Vendors
+	if len(v) != 1 || v[0].Vendor != "emb" || v[0].GrantedTotal < 20 || v[0].GrantedTotal > 30 ||
+		v[0].GrantedLastMinute != v[0].GrantedTotal || v[0].Queued != 0 || v[0].ConfiguredRate != 49.02 {
+		t.Fatalf("stats: %+v", rep.Vendors)
 	}
+	granted := fmt.Sprintf("%d/%d", v[0].GrantedTotal, v[0].GrantedTotal)
 	out, err = runShaper(t, "", "stats", "--config", cfg)
-	if err != nil || !strings.Contains(out, "GRANTED 1m/TOTAL") || !strings.Contains(out, "20/20") {
+	if err != nil || !strings.Contains(out, "GRANTED 1m/TOTAL") || !strings.Contains(out, granted) {
 		t.Errorf("stats table: %v\n%s", err, out)
 	}
 }
@@ -334,6 +338,7 @@ func TestLiveRateEdit(t *testing.T) {
 	if !strings.Contains(wout.String(), "config reload rejected") || !strings.Contains(wout.String(), "vendors."+vendor+".rate") {
 		t.Errorf("the invalid edit was not reported:\n%s", wout.String())
 	}
+
 }
 
 // requestTimes returns when the vendor saw each request, in order.
