@@ -107,8 +107,8 @@ func (w *Worker) pollWork(ctx context.Context, ww *workWatch) ([]string, error) 
 	return moved, nil
 }
 
-// queueKeys are asynq's keys of a vendor's queue (asynq's internal/base
-// scheme).
+// queueKey is one of asynq's keys of a vendor's queue (asynq's
+// internal/base scheme).
 func queueKey(vendor, name string) string { return "asynq:{" + QueueName(vendor) + "}:" + name }
 
 // waitingCounts returns, for each vendor, how many tasks its queue holds

@@ -643,19 +643,8 @@ func startWatch(t *testing.T, ctx context.Context, wg *sync.WaitGroup, g *Gate) 
 // watching replicas hold ticks reserved up to a horizon ahead: no call may
 // start inside the pause, on either replica.
 func TestPauseDropsReservedTicks(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{100, time.Second}}}
-	ctx, cancel := context.WithCancel(context.Background())
-	var watchers sync.WaitGroup
-	defer watchers.Wait()
-	defer cancel()
-	var reps []*replica
-	for range 2 {
-		r := newReplica(t, addr, prefix, nil)
-		reps = append(reps, r)
-		startWatch(t, ctx, &watchers, r.gate)
-	}
+	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	var pausedAt time.Time
 	const pause = 600 * time.Millisecond
@@ -695,19 +684,8 @@ func TestPauseDropsReservedTicks(t *testing.T) {
 // sliding second holds more than the new rate (without the respace, up
 // to a second of calls at 100/s still go out).
 func TestRespaceAppliesAtOnce(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{100, time.Second}}}
-	ctx, cancel := context.WithCancel(context.Background())
-	var watchers sync.WaitGroup
-	defer watchers.Wait()
-	defer cancel()
-	var reps []*replica
-	for range 2 {
-		r := newReplica(t, addr, prefix, nil)
-		reps = append(reps, r)
-		startWatch(t, ctx, &watchers, r.gate)
-	}
+	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	var changedAt time.Time
 	var wg sync.WaitGroup
@@ -746,4 +724,22 @@ func TestRespaceAppliesAtOnce(t *testing.T) {
 	if len(after) < 50 {
 		t.Errorf("only %d calls after the change: the test did not respace a busy bucket", len(after))
 	}
+}
+
+// watchingReplicas returns n replicas on one Redis and key prefix, each
+// with its gate watching pauses and respaces until the test ends.
+func watchingReplicas(t *testing.T, n int) []*replica {
+	t.Helper()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var watchers sync.WaitGroup
+	var reps []*replica
+	for range n {
+		reps = append(reps, newReplica(t, addr, prefix, nil))
+	}
+	t.Cleanup(func() { cancel(); watchers.Wait() }) // before the replicas' clients close
+	for _, r := range reps {
+		startWatch(t, ctx, &watchers, r.gate)
+	}
+	return reps
 }
