@@ -15,11 +15,22 @@ test:
 
 # The long scenarios (TestLong..., marked with redistest.Long): a minute of
 # rate learning, fault runs through the CLI worker with asynq's default
-# retry backoff, three workers and a SIGKILL that waits out asynq's lease.
-# About 4.5 minutes; CI runs it after make test.
+# retry backoff, three workers and a SIGKILL that waits out asynq's lease,
+# a Sentinel failover, a 30 s Redis outage, a million queued calls. Under
+# -race, except the scenarios that measure delivered share over a minute
+# against a strict-spacing vendor (nginx limit_req), through network
+# jitter, or while learning a vendor's limit: their margins are a few
+# milliseconds, and the race detector slows the worker by that much on two
+# cores (nginx 85-88% under -race, 88-90% without; one convergence run
+# 91.6% under -race beside eight others). Their code paths run under -race
+# in make test. Their share bars are loose on a busy machine (CI);
+# SHAPER_STRICT_SHARES=1 make test-long holds them to the issues' figures.
+# About 16 minutes.
 LONG_PKGS := $(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .)))
+UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit)'
 test-long:
-	$(GO) test -race -count=1 -p 1 -parallel 8 -run '^TestLong' $(or $(LONG_PKGS),./...)
+	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(or $(LONG_PKGS),./...)
+	$(GO) test -count=1 -p 1 -parallel 9 -timeout 10m -run $(UNRACED) ./queue
 
 # The gate's own speed, then the side-by-side benchmark against the
 # alternatives (writes docs/bench.md and docs/bench.svg; about 8 minutes).
@@ -47,6 +58,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 30s ./vendorclients
 
 # The fault tests alone: the quick ones (also in make test) and the long
-# ones (also in make test-long).
+# ones (also in make test-long): worker kills, Redis restarts, a Sentinel
+# failover, a 30 s outage, a stalled Redis, a stale copy of the gate,
+# eviction, TLS and ACLs, secrets, a million queued calls.
+FAULTS := 'Fault|ThreeWorkersAndAKill|TestGateRedisRestart|TestGateStaleCopy|EvictingRedis|TLSAndLeastPrivilegeACL|WaitsForReplicas|SecretsStayOut|MillionQueuedCalls'
 faults:
-	$(GO) test -count=1 -p 1 -v -run 'Fault|ThreeWorkersAndAKill|TestGateRedisRestart' ./cmd/shaper ./queue ./shaper
+	$(GO) test -count=1 -p 1 -parallel 4 -timeout 30m -v -run $(FAULTS) ./cmd/shaper ./queue ./shaper

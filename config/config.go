@@ -61,13 +61,25 @@ type Redis struct {
 	// Addr is empty for the embedded in-process Redis, else host:port, a
 	// comma-separated list (Sentinel or Cluster), or a redis:// or
 	// rediss:// URL.
-	Addr       string
-	Username   string
-	Password   string
-	DB         int
-	TLS        bool
-	MasterName string // Sentinel master; Addr lists the sentinels
-	Cluster    bool   // Addr lists cluster nodes
+	Addr     string
+	Username string
+	Password string
+	DB       int
+	TLS      bool
+	// TLSCAFile is a PEM file of the CAs that sign the server's
+	// certificate (default: the system's); TLSCertFile and TLSKeyFile a
+	// client certificate, for a Redis that requires one
+	// (tls-auth-clients). Any of them implies TLS.
+	TLSCAFile   string
+	TLSCertFile string
+	TLSKeyFile  string
+	MasterName  string // Sentinel master; Addr lists the sentinels
+	Cluster     bool   // Addr lists cluster nodes
+	// WaitReplicas, when above 0, makes every enqueue wait until that many
+	// replicas hold it (Redis WAIT), for at most WaitTimeout (default 1s);
+	// fewer is an error that says the calls are queued on the master only.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Embedded reports whether the config asks for the in-process Redis.
@@ -110,6 +122,11 @@ type Vendor struct {
 	// Adapt tunes learning from 429s without an announced limit; a field
 	// whose key is absent stays zero, which selects shaper's default.
 	Adapt shaper.Adapt
+	// Warmup ramps the rate from WarmupFrom (calls per window; 0: a
+	// quarter of Rate) to Rate after the vendor was idle for longer than
+	// its window (warmup, warmup_from); 0: no warm-up.
+	Warmup     time.Duration
+	WarmupFrom float64
 	// PerAccount gives each account a bucket of its own (per_account).
 	PerAccount bool
 	// Overrides are the account_overrides items, in file order, one per
@@ -181,6 +198,8 @@ func (v Vendor) Policy() shaper.Policy {
 		NoGuard:     v.Guard == 0,
 		MaxInFlight: v.MaxInFlight,
 		Adapt:       v.Adapt,
+		Warmup:      v.Warmup,
+		WarmupFrom:  v.WarmupFrom,
 	}
 	return p
 }

@@ -124,6 +124,10 @@ func TestInvalidConfigs(t *testing.T) {
 		{"worker max_wait zero", "[worker]\nmax_wait = \"0s\"\n", []string{"c.toml:2:", "worker.max_wait", "must be positive"}},
 		{"worker max_retry zero", "[worker]\nmax_retry = 0\n", []string{"c.toml:2:", "worker.max_retry", "at least 1"}},
 		{"worker unknown key", "[worker]\nmax_wiat = \"1s\"\n", []string{"c.toml:2:", `did you mean "max_wait"`}},
+		{"warmup negative", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nwarmup = \"-1s\"\n", []string{"c.toml:4:", "vendors.acme.warmup", "must not be negative"}},
+		{"warmup_from without warmup", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nwarmup_from = 10\n", []string{"c.toml:4:", "vendors.acme.warmup_from", "warmup is not"}},
+		{"warmup_from above rate", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nwarmup = \"30s\"\nwarmup_from = 150\n", []string{"c.toml:5:", "vendors.acme.warmup_from", "at most rate (100)"}},
+		{"warmup_from a string", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nwarmup = \"30s\"\nwarmup_from = \"ten\"\n", []string{"c.toml:5:", "vendors.acme.warmup_from", "want a number"}},
 		{"adapt_quiet zero", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nadapt_quiet = \"0s\"\n", []string{"c.toml:4:", "vendors.acme.adapt_quiet", "must be positive"}},
 		{"vendor timeout zero", "[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\ntimeout = \"0s\"\n", []string{"c.toml:4:", "vendors.acme.timeout"}},
 		{"TOML syntax", "[vendors.acme]\nrate = = 1\n", []string{"c.toml:2:", "TOML syntax"}},
@@ -244,5 +248,23 @@ adapt_quiet = "30s"
 	}
 	if _, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nheaders = { Idempotency-Key = \"x\" }\n")); err == nil {
 		t.Error("an Idempotency-Key header was accepted")
+	}
+}
+
+func TestWarmupKeys(t *testing.T) {
+	cfg, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\nwarmup = \"30s\"\nwarmup_from = 12.5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Vendors[0].Policy()
+	if p.Warmup != 30*time.Second || p.WarmupFrom != 12.5 {
+		t.Errorf("policy warmup %s from %v, want 30s from 12.5", p.Warmup, p.WarmupFrom)
+	}
+	cfg, err = Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 100\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Vendors[0].Policy(); p.Warmup != 0 {
+		t.Errorf("no warmup key: warmup %s", p.Warmup)
 	}
 }

@@ -22,9 +22,9 @@ import (
 )
 
 var (
-	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster"}
+	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster", "wait_replicas", "wait_timeout", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
-		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet",
+		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet", "warmup", "warmup_from",
 		"per_account", "account_overrides", "total"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window"}
@@ -139,7 +139,16 @@ func (p *parser) redis() Redis {
 	}
 	r.DB, _ = p.integer("redis", "db", 0, 0)
 	r.TLS = p.boolean("redis", "tls")
+	r.TLSCAFile, r.TLSCertFile, r.TLSKeyFile = p.str("redis", "tls_ca_file"), p.str("redis", "tls_cert_file"), p.str("redis", "tls_key_file")
+	if (r.TLSCertFile == "") != (r.TLSKeyFile == "") {
+		p.errorf("redis", "tls_cert_file", "tls_cert_file and tls_key_file go together (a client certificate and its key)")
+	}
 	r.Cluster = p.boolean("redis", "cluster")
+	r.WaitReplicas, _ = p.integer("redis", "wait_replicas", 0, 0)
+	r.WaitTimeout = p.duration("redis", "wait_timeout", queue.DefaultWaitTimeout)
+	if r.Cluster && r.WaitReplicas > 0 {
+		p.errorf("redis", "wait_replicas", "is not supported with cluster = true (each shard has its own replicas); leave it 0")
+	}
 	if r.Addr != "" {
 		if err := checkAddr(r.Addr); err != nil {
 			p.errorf("redis", "addr", "%q: %w", r.Addr, err)
@@ -249,6 +258,18 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	vd.Adapt.Increase = p.fraction(t, "adapt_increase", 0)
 	if vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 0); p.isSet(t, "adapt_quiet") && vd.Adapt.Quiet <= 0 {
 		p.errorf(t, "adapt_quiet", "%s: must be positive, e.g. \"10s\"", vd.Adapt.Quiet)
+	}
+	if vd.Warmup = p.duration(t, "warmup", 0); vd.Warmup < 0 {
+		p.errorf(t, "warmup", "%s must not be negative; leave it out for no warm-up, or e.g. warmup = \"30s\"", vd.Warmup)
+	}
+	if p.isSet(t, "warmup_from") {
+		vd.WarmupFrom = p.number(t, "warmup_from")
+		switch {
+		case vd.Warmup <= 0:
+			p.errorf(t, "warmup_from", "is set but warmup is not: set warmup (e.g. warmup = \"30s\") for a ramp from warmup_from to the rate")
+		case !(vd.WarmupFrom > 0) || vd.WarmupFrom > float64(vd.Rate):
+			p.errorf(t, "warmup_from", "%v: want a rate above 0 and at most rate (%d), in calls per window; default a quarter of rate", vd.WarmupFrom, vd.Rate)
+		}
 	}
 	if raw, present := tbl["headers"]; present {
 		hm, ok := raw.(map[string]any)
@@ -411,6 +432,19 @@ func (p *parser) fraction(table, key string, def float64) float64 {
 		return def
 	}
 	return f
+}
+
+// number reads a number (integer or float) that the caller checks.
+func (p *parser) number(table, key string) float64 {
+	switch x := p.v.Get(table + "." + key).(type) {
+	case float64:
+		return x
+	case int64:
+		return float64(x)
+	default:
+		p.errorf(table, key, "%v: want a number", x)
+		return 0
+	}
 }
 
 func (p *parser) duration(table, key string, def time.Duration) time.Duration {

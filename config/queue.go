@@ -32,7 +32,8 @@ func (v Vendor) Queue() queue.Vendor {
 
 // ClientConfig returns the config of a queue client (enqueueing).
 func (c *Config) ClientConfig() queue.ClientConfig {
-	cc := queue.ClientConfig{MaxRetry: c.Worker.MaxRetry, Retention: c.Worker.Retention}
+	cc := queue.ClientConfig{MaxRetry: c.Worker.MaxRetry, Retention: c.Worker.Retention,
+		WaitReplicas: c.Redis.WaitReplicas, WaitTimeout: c.Redis.WaitTimeout}
 	for _, v := range c.Vendors {
 		cc.Vendors = append(cc.Vendors, v.Queue())
 	}

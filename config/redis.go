@@ -2,7 +2,10 @@ package config
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -28,8 +31,31 @@ func (r Redis) Options(addr string) (*redis.UniversalOptions, error) {
 			o.Addrs = append(o.Addrs, strings.TrimSpace(a))
 		}
 	}
-	if r.TLS && o.TLSConfig == nil {
+	if (r.TLS || r.TLSCAFile != "" || r.TLSCertFile != "") && o.TLSConfig == nil {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if r.TLSCAFile != "" {
+		pem, err := os.ReadFile(r.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: redis.tls_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("config: redis.tls_ca_file %s: no PEM certificate in it", r.TLSCAFile)
+		}
+		o.TLSConfig.RootCAs = pool
+	}
+	if r.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(r.TLSCertFile, r.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: redis.tls_cert_file and tls_key_file: %w", err)
+		}
+		o.TLSConfig.Certificates = []tls.Certificate{cert}
+	}
+	if o.TLSConfig != nil && o.TLSConfig.ServerName == "" && len(o.Addrs) > 0 && r.MasterName == "" && !r.Cluster {
+		if host, _, err := net.SplitHostPort(o.Addrs[0]); err == nil {
+			o.TLSConfig.ServerName = host
+		}
 	}
 	return o, nil
 }

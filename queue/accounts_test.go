@@ -292,15 +292,84 @@ func TestRateLimitedPausesOnlyItsAccount(t *testing.T) {
 	}
 	e.startWorker(nil)
 	e.startWorker(nil)
-	waitFor(t, 20*time.Second, "account b's calls", func() bool {
+	// Both accounts' first calls wait out a new bucket's horizon; b's ten
+	// can be done before a's first one starts.
+	waitFor(t, 20*time.Second, "account b's calls and account a's first", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return hits["b"] >= 10
+		return hits["b"] >= 10 && hits["a"] >= 1
 	})
+	time.Sleep(500 * time.Millisecond) // account a's other calls, if its pause did not hold them
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("account a: %d requests (429, Retry-After: 30), account b: %d", hits["a"], hits["b"])
 	if hits["a"] != 1 {
 		t.Errorf("account a was called %d times inside its 30 s pause, want once", hits["a"])
+	}
+}
+
+// TestAccountEditIsRespaced lowers a per-account vendor from 20/s to 5/s
+// per account while two accounts have backlogs, their ticks reserved up
+// to the per-account horizon (1.5 s) ahead: each replica respaces its
+// accounts with calls in flight, and every account's vendor sees the new
+// spacing within a second of the change.
+func TestAccountEditIsRespaced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	accounts := []string{"store-a", "store-b"}
+	base, vends := accountVendors(t, accounts, 100)
+	name := "shop-" + e.prefix[5:]
+	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}, PerAccount: true})
+	c := e.newClient()
+	var calls []Call
+	for i := range 150 {
+		for _, a := range accounts {
+			calls = append(calls, Call{Account: a, ID: fmt.Sprintf("%s-%s-%03d", name, a, i), Method: "POST", Path: fmt.Sprintf("/orders/%d", i)})
+		}
+	}
+	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
+		t.Fatal(err)
+	}
+	var w *Worker
+	e.startWorker(func(x *Worker) { w = x })
+	waitFor(t, 30*time.Second, "the backlogs to flow", func() bool { return len(vends["store-b"].Requests()) >= 40 })
+	lowered := e.vendors[0]
+	lowered.Policy = shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}}
+	changed := time.Now()
+	if _, err := w.Apply([]Vendor{lowered}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // traffic at the new rate
+	for _, a := range accounts {
+		var ts []time.Time
+		for _, r := range vends[a].Requests() {
+			ts = append(ts, r.At)
+		}
+		// The first of three gaps at the new spacing (204 ms), less jitter.
+		var shown time.Time
+		for i := 0; i+3 < len(ts); i++ {
+			if ts[i].Before(changed) {
+				continue
+			}
+			if ts[i+1].Sub(ts[i]) > 160*time.Millisecond && ts[i+2].Sub(ts[i+1]) > 160*time.Millisecond && ts[i+3].Sub(ts[i+2]) > 160*time.Millisecond {
+				shown = ts[i]
+				break
+			}
+		}
+		var after []time.Time
+		for _, x := range ts {
+			if x.After(changed.Add(time.Second)) {
+				after = append(after, x)
+			}
+		}
+		most := windows.MaxSliding(after, time.Second)
+		t.Logf("account %s: 20/s -> 5/s seen %s after the change; at most %d calls in a sliding second from a second after it", a, shown.Sub(changed).Round(time.Millisecond), most)
+		if shown.IsZero() || shown.Sub(changed) > time.Second {
+			t.Errorf("account %s: the new spacing showed %s after the change, want within 1 s", a, shown.Sub(changed))
+		}
+		if most > 5 {
+			t.Errorf("account %s: %d calls in a sliding second after the change to 5/s", a, most)
+		}
 	}
 }

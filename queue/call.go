@@ -12,11 +12,17 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 // excerptBytes bounds the body excerpt stored as a call's result.
 const excerptBytes = 512
+
+// awaitRedis is the longest a handler waits for an unavailable Redis
+// before it returns its task to asynq: less than asynq's 30 s lease, past
+// which asynq no longer records the task's end.
+const awaitRedis = 20 * time.Second
 
 // CallResult is stored as the task result of a call.
 type CallResult struct {
@@ -30,6 +36,8 @@ type CallResult struct {
 // including vendors added by a reload.
 func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) error {
+		// However the task ended, asynq must be able to record it.
+		defer w.health.await(ctx, awaitRedis)
 		if t.Type() == TypeCall {
 			return w.handleCall(ctx, rt, t)
 		}
@@ -61,10 +69,35 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		err = w.doCall(ctx, rt, client, t, id, call)
 	}
 	w.markEnd(ctx, call.Export, id, err)
+	if err != nil && len(call.Headers) > 0 {
+		// The call's own headers (an Authorization per customer) stay out
+		// of the error asynq stores and logs, like the vendor's.
+		err = redactedError{err, call.secrets(rt.secrets)}
+	}
 	return err
 }
 
-// asDeferral turns a long wait or a rate-limited answer into a deferral:
+// secrets returns the header values to redact from what the call leaves
+// behind: the vendor's (vendorSecrets) and the call's own.
+func (c Call) secrets(vendorSecrets []string) []string {
+	if len(c.Headers) == 0 {
+		return vendorSecrets
+	}
+	return append(headerSecrets(c.Headers), vendorSecrets...)
+}
+
+// redactedError is err with secrets replaced in its message; errors.Is
+// and errors.As still see err (a deferral, SkipRetry).
+type redactedError struct {
+	err     error
+	secrets []string
+}
+
+func (e redactedError) Error() string { return string(redact([]byte(e.err.Error()), e.secrets)) }
+func (e redactedError) Unwrap() error { return e.err }
+
+// asDeferral turns a long wait, a rate-limited answer or a gate that
+// cannot reach Redis into a deferral:
 // back to the queue without using a retry. Long waits also pause the
 // vendor's asynq queue, unless the wait is one account's (its other
 // accounts' calls share the queue). It returns nil for other errors.
@@ -79,6 +112,12 @@ func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, account stri
 		return &deferError{Wait: we.Wait}
 	case errors.As(err, &rl):
 		return &deferError{Wait: max(rl.RetryAfter, time.Second)}
+	case ctx.Err() == nil && errors.Is(err, shaper.ErrUnavailable):
+		// Redis is failing over, restarting or stalled: the call never
+		// started. Ask again soon, without using a retry (asynq's backoff
+		// would leave it for minutes once Redis is back).
+		w.health.failed(err)
+		return &deferError{Wait: time.Second, Cause: err}
 	}
 	return nil
 }
@@ -117,11 +156,11 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			return fmt.Errorf("%s %s: %w", call.Method, call.Path, err)
 		}
 		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, excerptBytes))
-		excerpt = redact(excerpt, rt.secrets)
+		excerpt = redact(excerpt, call.secrets(rt.secrets))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		res, _ := json.Marshal(CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)})
-		if _, err := t.ResultWriter().Write(res); err != nil {
+		if _, err := t.ResultWriter().Write(res); err != nil && !w.health.quiet(err) {
 			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)
 		}
 		switch {

@@ -30,6 +30,9 @@ const TypeCall = "vendor:call"
 const (
 	DefaultMaxRetry  = 25
 	DefaultRetention = 24 * time.Hour
+	// DefaultWaitTimeout is how long an enqueue waits for replicas to
+	// acknowledge it when ClientConfig.WaitReplicas is set.
+	DefaultWaitTimeout = time.Second
 )
 
 // Errors returned by Enqueue, matched with errors.Is.
@@ -38,6 +41,9 @@ var (
 	ErrQueueFull     = errors.New("queue: vendor queue is full")
 	ErrDuplicate     = errors.New("queue: a call with this id is already queued")
 	ErrBadCall       = errors.New("queue: invalid call")
+	// ErrNotReplicated: the calls are queued on the master, but fewer
+	// replicas than ClientConfig.WaitReplicas acknowledged them in time.
+	ErrNotReplicated = errors.New("queue: enqueued on the Redis master only")
 )
 
 // Call is one HTTP call to a vendor.
@@ -105,6 +111,14 @@ type ClientConfig struct {
 	MaxRetry  int           // retries of failed calls (not of waits or 429s); default 25
 	Retention time.Duration // how long finished calls are kept; default 24h
 	KeyPrefix string        // gate and export keys; default "shaper"
+	// WaitReplicas, when above 0, makes Enqueue, EnqueueBatch,
+	// EnqueueTask and StartExport wait (Redis WAIT, once per batch) until
+	// that many replicas hold what they queued, for at most WaitTimeout (default
+	// DefaultWaitTimeout): a failover right after a successful enqueue
+	// then loses nothing. Fewer acknowledgements return ErrNotReplicated.
+	// Not for Redis Cluster.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Client enqueues calls and tasks.
@@ -128,6 +142,9 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = shaper.DefaultKeyPrefix
+	}
+	if cfg.WaitTimeout <= 0 {
+		cfg.WaitTimeout = DefaultWaitTimeout
 	}
 	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg,
 		gate: shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}), signals: signaller{last: map[string]time.Time{}}}
@@ -196,7 +213,11 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return c.enqueueChecked(ctx, call, at[0])
+	id, err := c.enqueueChecked(ctx, call, at[0])
+	if err != nil {
+		return "", err
+	}
+	return id, c.replicated(ctx, 1)
 }
 
 // planLead is how long before its planned tick a call planned for later
@@ -252,7 +273,7 @@ func (c *Client) enqueueChecked(ctx context.Context, call Call, at time.Duration
 	if at > 0 {
 		opts = append(opts, asynq.ProcessAt(wholeSecondAfter(time.Now().Add(at))))
 	}
-	info, err := c.EnqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), opts...)
+	info, err := c.enqueueTask(ctx, Target{Vendor: call.Vendor, Account: call.Account}, asynq.NewTask(TypeCall, payload), opts...)
 	if err != nil {
 		return call.ID, err
 	}
@@ -289,8 +310,20 @@ const accountHeader = "shaper-account"
 
 // EnqueueTask queues a task of the user's own type on the target vendor's
 // queue (and account's bucket), with shaper's retry budget and retention;
-// opts may override them. Register its handler with Worker.Handle.
+// opts may override them. Register its handler with Worker.Handle. With
+// WaitReplicas set, the task is queued even when ErrNotReplicated is
+// returned (with its info).
 func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	info, err := c.enqueueTask(ctx, to, t, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return info, c.replicated(ctx, 1)
+}
+
+// enqueueTask is EnqueueTask without waiting for replicas (a batch waits
+// once, at its end).
+func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	if err := c.checkAccount(to.Vendor, to.Account); err != nil {
 		return nil, err
 	}
@@ -396,7 +429,38 @@ func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) 
 			res.IDs = append(res.IDs, id)
 		}
 	}
-	return res, nil
+	return res, c.replicated(ctx, res.Enqueued)
+}
+
+// replicated waits until cfg.WaitReplicas replicas hold every write made
+// so far, when it is set. WAIT counts the writes of its own connection,
+// and replication is one ordered stream: a small write followed by WAIT on
+// one connection covers the enqueue's writes made on others before it.
+func (c *Client) replicated(ctx context.Context, n int) error {
+	if c.cfg.WaitReplicas <= 0 || n == 0 {
+		return nil
+	}
+	rc, ok := c.rdb.(*redis.Client)
+	if !ok {
+		return fmt.Errorf("queue: WaitReplicas needs a single Redis or Sentinel, not a %T", c.rdb)
+	}
+	conn := rc.Conn()
+	defer conn.Close()
+	var acked *redis.Cmd
+	_, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, c.cfg.KeyPrefix+":replicated", time.Now().UnixMicro(), time.Minute)
+		acked = p.Do(ctx, "WAIT", c.cfg.WaitReplicas, c.cfg.WaitTimeout.Milliseconds())
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %d call(s) queued, but waiting for %d replica(s) failed: %w; a failover now could lose them (enqueueing calls with ids again is safe)",
+			ErrNotReplicated, n, c.cfg.WaitReplicas, err)
+	}
+	if got, _ := acked.Int64(); got < int64(c.cfg.WaitReplicas) {
+		return fmt.Errorf("%w: %d call(s) queued, but %d of the %d replica(s) asked for (redis.wait_replicas) acknowledged them within %s; a failover now could lose them (enqueueing calls with ids again is safe)",
+			ErrNotReplicated, n, got, c.cfg.WaitReplicas, c.cfg.WaitTimeout)
+	}
+	return nil
 }
 
 // QueueStats is the asynq side of a vendor's bucket.

@@ -156,7 +156,7 @@ func TestLogSaysBacklogNotPause(t *testing.T) {
 
 func TestProblemLogSaysItOnce(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProblemLog(slog.New(slog.NewTextHandler(&buf, nil)))
+	p := newProblemLog(slog.New(slog.NewTextHandler(&buf, nil)), nil)
 	boom := errors.New("connection refused")
 	for range 5 {
 		p.check("gate heartbeat", boom)

@@ -14,8 +14,12 @@ type plan struct {
 	changed map[string]*shaper.Bucket
 	shapes  map[string]*accountShape // per-account vendors' new shapes
 	respace []*shaper.Bucket         // buckets whose tick changed
-	vendors []Vendor
-	notes   []string
+	// reshaped are per-account vendors' shapes before and after, whose
+	// accounts with calls in flight here are respaced when their tick
+	// changed.
+	reshaped [][2]*accountShape
+	vendors  []Vendor
+	notes    []string
 }
 
 // Apply brings the worker to a new vendor list (a config reload): a
@@ -55,6 +59,9 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 			return nil, err
 		}
 		p.shapes[v.Name] = sh
+		if old := rt.shape.Load(); old != nil && sh != nil {
+			p.reshaped = append(p.reshaped, [2]*accountShape{old, sh})
+		}
 		if v.PerAccount != rt.vendor.PerAccount {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s: per_account changed: calls already queued keep their account (or none) and are refused by the new shape", v.Name))
 		}

@@ -11,11 +11,19 @@ import (
 // deferError sends a task back to its queue for Wait without counting a
 // failure: waiting and rate-limited answers never use up the retry
 // budget.
-type deferError struct{ Wait time.Duration }
+type deferError struct {
+	Wait  time.Duration
+	Cause error // why, when it is not the vendor's tick (Redis unavailable)
+}
 
 func (e *deferError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("retrying in %s without using a retry: %v", e.Wait.Round(time.Millisecond), e.Cause)
+	}
 	return fmt.Sprintf("waiting for the vendor's next tick in %s", e.Wait.Round(time.Millisecond))
 }
+
+func (e *deferError) Unwrap() error { return e.Cause }
 
 // isFailure is asynq's IsFailure: deferrals are not failures.
 func isFailure(err error) bool {

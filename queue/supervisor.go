@@ -22,7 +22,7 @@ const (
 func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	t := time.NewTicker(supervisorEvery)
 	defer t.Stop()
-	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name))
+	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name), &w.health)
 	var last, counted, idleSince time.Time
 	for {
 		select {

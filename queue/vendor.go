@@ -78,9 +78,13 @@ func (v Vendor) concurrency() int {
 
 // secrets returns the vendor's header values that must never reach a log,
 // an error or a task result.
-func (v Vendor) secrets() []string {
+func (v Vendor) secrets() []string { return headerSecrets(v.Headers) }
+
+// headerSecrets returns the values of headers to redact: each value of 4
+// bytes or more, and the token of a "Scheme token" value.
+func headerSecrets(headers map[string]string) []string {
 	var out []string
-	for _, val := range v.Headers {
+	for _, val := range headers {
 		if len(val) >= 4 {
 			out = append(out, val)
 			if _, token, ok := strings.Cut(val, " "); ok && len(token) >= 4 { // "Bearer <token>"

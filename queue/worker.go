@@ -139,6 +139,8 @@ type Worker struct {
 	gate *shaper.Gate
 	insp *asynq.Inspector
 	log  *slog.Logger
+	// health is whether Redis answers, from Run's pings.
+	health redisHealth
 
 	applyMu  sync.Mutex          // one Apply at a time
 	applyc   chan applyRequest   // to Run's loop while it runs
@@ -208,6 +210,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		vendors:  map[string]*vendorRuntime{},
 		handlers: map[string]HandlerFunc{},
 	}
+	w.health.log = w.log
 	for _, v := range cfg.Vendors {
 		rt, err := w.newRuntime(v)
 		if err != nil {
@@ -316,7 +319,8 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gate.Watch(ctx) })
-	problems := newProblemLog(w.log)
+	wg.Go(func() { watchRedis(ctx, w.rdb, &w.health) })
+	problems := newProblemLog(w.log, &w.health)
 	ww := &workWatch{}
 	_, err := w.pollWork(ctx, ww) // the baseline, before the first sweep
 	problems.check("reading the work signals", err)
@@ -334,6 +338,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			if err == nil {
 				problems.check("looking for vendors with work", w.sweep(ctx, req.plan.added))
 				w.respace(ctx, req.plan.respace)
+				w.respaceAccounts(ctx, req.plan.reshaped)
 			}
 			continue
 		case <-poll.C:
@@ -390,6 +395,30 @@ func (w *Worker) respace(ctx context.Context, buckets []*shaper.Bucket) {
 	}
 }
 
+// respaceAccounts respaces, for each per-account vendor reshaped, the
+// accounts with calls in flight in this process whose tick changed (each
+// replica does its own; idle accounts have no ticks reserved).
+func (w *Worker) respaceAccounts(ctx context.Context, reshaped [][2]*accountShape) {
+	for _, pair := range reshaped {
+		old, cur := pair[0], pair[1]
+		var bs []*shaper.Bucket
+		for _, account := range w.gate.ActiveIn(cur.group.Name()) {
+			np := accountPolicy(cur.policy, cur.overrides, account)
+			oldIv, oldBurst := accountPolicy(old.policy, old.overrides, account).Tick()
+			if iv, burst := np.Tick(); iv == oldIv && burst == oldBurst {
+				continue
+			}
+			b, err := cur.group.Bucket(account, np)
+			if err != nil {
+				w.log.Warn("could not respace an account after a rate change", "vendor", cur.group.Name(), "account", account, "err", err)
+				continue
+			}
+			bs = append(bs, b)
+		}
+		w.respace(ctx, bs)
+	}
+}
+
 // current reports whether rt is still one of the worker's vendors.
 func (w *Worker) current(rt *vendorRuntime) bool {
 	w.mu.Lock()
@@ -407,7 +436,7 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 		ShutdownTimeout:          w.cfg.ShutdownTimeout,
 		IsFailure:                isFailure,
 		RetryDelayFunc:           w.retryDelay,
-		Logger:                   asynqLogger{w.log.With("vendor", rt.vendor.Name)},
+		Logger:                   asynqLogger{w.log.With("vendor", rt.vendor.Name), &w.health},
 		LogLevel:                 asynq.WarnLevel,
 	})
 	if err := server.Start(w.handle(rt)); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/shaper"
@@ -447,33 +448,58 @@ func TestEnqueueIdempotent(t *testing.T) {
 	}
 }
 
+// TestSecretsStayOutOfResults: a vendor that echoes the request's
+// Authorization header into its error answer. The secret, set in the
+// vendor's config or given per call in a job line (an Authorization per
+// customer), is in neither the task's stored error nor its result, nor
+// in the worker's log.
 func TestSecretsStayOutOfResults(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, "bad request; you sent Authorization: %s", r.Header.Get("Authorization"))
-	})
-	name := e.vendor("secret", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, echo)
-	e.vendors[0].Headers = map[string]string{"Authorization": "Bearer tok-9f8e7d6c"}
-	c := e.newClient()
-	id, err := c.Enqueue(context.Background(), Call{Vendor: name, Path: "/x"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.startWorker(nil)
-	insp := asynq.NewInspectorFromRedisClient(e.rdb())
-	var info *asynq.TaskInfo
-	waitFor(t, 30*time.Second, "the call to be archived", func() bool {
-		info, err = insp.GetTaskInfo(QueueName(name), id)
-		return err == nil && info.State == asynq.TaskStateArchived
-	})
-	for what, text := range map[string]string{"error": info.LastErr, "result": string(info.Result)} {
-		if strings.Contains(text, "tok-9f8e7d6c") {
-			t.Errorf("the secret is in the task's %s: %s", what, text)
-		}
-		if !strings.Contains(text, "[redacted]") {
-			t.Errorf("the task's %s lost the vendor's answer: %s", what, text)
-		}
+	for _, sc := range []struct {
+		name         string
+		vendor, call map[string]string
+		secret       string
+		status       int
+	}{
+		{"vendor header, 400", map[string]string{"Authorization": "Bearer tok-9f8e7d6c"}, nil, "tok-9f8e7d6c", http.StatusBadRequest},
+		{"call header, 400", nil, map[string]string{"Authorization": "Bearer cust-42-5b4a39"}, "cust-42-5b4a39", http.StatusBadRequest},
+		{"call header, 503 retried", nil, map[string]string{"Authorization": "Bearer cust-43-77aa01"}, "cust-43-77aa01", http.StatusServiceUnavailable},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(sc.status)
+				fmt.Fprintf(w, "bad request; you sent Authorization: %s", r.Header.Get("Authorization"))
+			})
+			name := e.vendor("secret", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, echo)
+			e.vendors[0].Headers = sc.vendor
+			c := e.newClient()
+			id, err := c.Enqueue(context.Background(), Call{Vendor: name, Path: "/x", Headers: sc.call})
+			if err != nil {
+				t.Fatal(err)
+			}
+			log := &logtest.Buffer{}
+			e.startWorker(func(w *Worker) {
+				w.log = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			})
+			insp := asynq.NewInspectorFromRedisClient(e.rdb())
+			var info *asynq.TaskInfo
+			waitFor(t, 30*time.Second, "the call to fail", func() bool {
+				info, err = insp.GetTaskInfo(QueueName(name), id)
+				return err == nil && (info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateRetry)
+			})
+			for what, text := range map[string]string{"error": info.LastErr, "result": string(info.Result)} {
+				if strings.Contains(text, sc.secret) {
+					t.Errorf("the secret is in the task's %s: %s", what, text)
+				}
+				if !strings.Contains(text, "[redacted]") {
+					t.Errorf("the task's %s lost the vendor's answer: %s", what, text)
+				}
+			}
+			if strings.Contains(log.String(), sc.secret) {
+				t.Errorf("the secret is in the worker's log:\n%s", log.String())
+			}
+		})
 	}
 }

@@ -15,6 +15,7 @@ type Permit struct {
 
 	bucket *Bucket
 	lease  string
+	at     int64 // the tick in Redis time (µs)
 }
 
 // Release frees the permit's in-flight slot when the bucket has a
@@ -27,7 +28,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	lease := p.lease
 	p.lease = ""
-	return p.bucket.giveUp(ctx, lease, "")
+	return p.bucket.giveUp(ctx, lease, "", 0)
 }
 
 // Acquire blocks until the caller may start one call, and returns a permit
@@ -49,6 +50,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
 	for {
+		b = b.gate.currentOf(l, b) // a respace after a policy change
 		select {
 		case l.asking <- struct{}{}:
 		case <-ctx.Done():
@@ -81,13 +83,17 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 		earliest := sent.Add(r.wait)
 		tick := recv.Add(r.wait)
 		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
-			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "")
+			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick)
 			return nil, 0, err
 		}
 		now := clock.Now()
 		late := now.Sub(earliest)
-		if late > b.policy.Tolerance {
-			if err := b.giveUp(ctx, r.lease, gaveUpLate); err != nil {
+		tolerance := b.policy.Tolerance
+		if r.tolerance > 0 {
+			tolerance = min(tolerance, r.tolerance)
+		}
+		if late > tolerance {
+			if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick); err != nil {
 				return nil, 0, err
 			}
 			continue
@@ -95,11 +101,11 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 		if b.gate.pausedAt(l, now) || b.gate.respacedSince(l, sent) {
 			// Granted before a pause began (the vendor just said stop), or
 			// at a spacing that has since changed: ask again.
-			if err := b.giveUp(ctx, r.lease, gaveUpDropped); err != nil {
+			if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick); err != nil {
 				return nil, 0, err
 			}
 			continue
 		}
-		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease}, 0, nil
+		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease, at: r.tick}, 0, nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,8 +36,9 @@ type Gate struct {
 	clock   Clock
 	replica string
 
-	mu     sync.Mutex
-	active map[string]*local // buckets with callers in this process
+	mu      sync.Mutex
+	active  map[string]*local // buckets with callers in this process
+	handles atomic.Uint64     // bucket handles made, to order them
 
 	testNow       func() int64 // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp func()       // tests: called when Watch's subscription is confirmed
@@ -69,6 +71,7 @@ type Bucket struct {
 	keep     time.Duration // how long the state outlives its last tick: longest window + guard
 	total    *totalTick    // the group's total limit, if any
 	keys     bucketKeys
+	made     uint64 // order among the gate's handles: a later handle holds a newer policy
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

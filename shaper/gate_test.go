@@ -109,6 +109,36 @@ func drain(t *testing.T, reps []*replica, bucket string, p Policy, callers, call
 	wg.Wait()
 }
 
+// callUntil has callers goroutines on each replica acquire permits of
+// bucket until stop, recording when each call started and counting
+// failed acquisitions (each followed by 50 ms of rest); wait waits for
+// them.
+func callUntil(t *testing.T, reps []*replica, bucket string, p Policy, callers int, stop time.Time, rec *recorder) (errs *atomic.Int64, wait func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Until(stop)+time.Minute)
+	errs = &atomic.Int64{}
+	var wg sync.WaitGroup
+	for _, r := range reps {
+		b, err := r.gate.Bucket(bucket, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range callers {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					if _, err := b.Acquire(ctx); err != nil {
+						errs.Add(1)
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					rec.add(time.Now())
+				}
+			})
+		}
+	}
+	return errs, func() { wg.Wait(); cancel() }
+}
+
 // checkWindows asserts G1 for every limit of p: the most calls in any
 // sliding window and in the fixed windows of phases random phases.
 func checkWindows(t *testing.T, ts []time.Time, p Policy, phases int) {
@@ -486,36 +516,15 @@ func TestGateRedisRestart(t *testing.T) {
 		reps = append(reps, newReplica(t, srv.Addr, prefix, nil))
 	}
 	rec := &recorder{}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var errs atomic.Int64
-	var wg sync.WaitGroup
 	stop := time.Now().Add(4 * time.Second)
-	for _, r := range reps {
-		b, err := r.gate.Bucket("acme", p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range 40 {
-			wg.Go(func() {
-				for time.Now().Before(stop) {
-					if _, err := b.Acquire(ctx); err != nil {
-						errs.Add(1)
-						time.Sleep(50 * time.Millisecond)
-						continue
-					}
-					rec.add(time.Now())
-				}
-			})
-		}
-	}
+	errs, wait := callUntil(t, reps, "acme", p, 40, stop, rec)
 	time.Sleep(1500 * time.Millisecond)
 	srv.Kill()
 	time.Sleep(300 * time.Millisecond)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	wait()
 	ts := rec.times()
 	t.Logf("%d calls, %d failed acquisitions while Redis was down", len(ts), errs.Load())
 	// The state was lost: the grant counter restarted from zero.
@@ -595,7 +604,7 @@ func TestGateStateIsSmall(t *testing.T) {
 		}
 		if r.ok {
 			granted++
-			if err := b.giveUp(ctx, r.lease, ""); err != nil {
+			if err := b.giveUp(ctx, r.lease, "", 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -613,9 +622,18 @@ func TestGateStateIsSmall(t *testing.T) {
 		t.Logf("%s: %d bytes", k, n)
 		total += n
 	}
-	t.Logf("%d keys, %d bytes after %d grants", len(keys), total, granted)
-	if len(keys) > 7 || total > 2048 {
-		t.Errorf("gate state is %d keys, %d bytes: want at most 7 keys (gate, control, stats, leases, replicas, and the group's epoch and expiry set) and 2 KiB", len(keys), total)
+	ticks, err := rdb.MemoryUsage(ctx, b.keys.ticks).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d keys, %d bytes after %d grants (%d in the ticks list)", len(keys), total, granted, ticks)
+	if len(keys) > 8 || total-ticks > 2048 {
+		t.Errorf("gate state is %d keys, %d bytes besides the ticks list: want at most 8 keys (gate, control, stats, leases, replicas, ticks, and the group's epoch and expiry set) and 2 KiB", len(keys), total-ticks)
+	}
+	// The ticks list holds three windows at the configured rate, at most
+	// maxTickLog ticks: bounded by the rate, whatever the backlog.
+	if n := rdb.LLen(ctx, b.keys.ticks).Val(); n != maxTickLog || ticks > 12*1024 {
+		t.Errorf("ticks list: %d ticks, %d bytes; want %d ticks in at most 12 KiB", n, ticks, maxTickLog)
 	}
 }
 
@@ -742,4 +760,71 @@ func watchingReplicas(t *testing.T, n int) []*replica {
 		startWatch(t, ctx, &watchers, r.gate)
 	}
 	return reps
+}
+
+// TestRespaceAppliesARaiseAtOnce raises two replicas' configured rate
+// from 50/s to 100/s mid-drain, each replica respacing on its new handle
+// while its callers still wait under the old one: the vendor must see the
+// new rate within a second of the change, without a burst.
+func TestRespaceAppliesARaiseAtOnce(t *testing.T) {
+	slow := Policy{Limits: []Limit{{50, time.Second}}}
+	fast := Policy{Limits: []Limit{{100, time.Second}}}
+	reps := watchingReplicas(t, 2)
+	rec := &recorder{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var changedAt time.Time
+	var handles [2]atomic.Pointer[Bucket]
+	for i, r := range reps {
+		b, err := r.gate.Bucket("acme", slow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		handles[i].Store(b)
+	}
+	end := time.Now().Add(4 * time.Second)
+	var wg sync.WaitGroup
+	for i := range reps {
+		for range 16 {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					permit, err := handles[i].Load().Acquire(ctx)
+					if err != nil {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					rec.add(time.Now())
+					_ = permit.Release(ctx)
+				}
+			})
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // a backlog with ticks reserved ahead at 50/s
+	changedAt = time.Now()
+	for i, r := range reps {
+		b, err := r.gate.Bucket("acme", fast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		handles[i].Store(b)
+		if err := b.Control().Respace(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	ts := rec.times()
+	var second []time.Time // the second that starts a second after the change
+	for _, x := range ts {
+		if !x.Before(changedAt.Add(time.Second)) && x.Before(changedAt.Add(2*time.Second)) {
+			second = append(second, x)
+		}
+	}
+	most := windows.MaxSliding(ts, time.Second)
+	t.Logf("rate 50/s -> 100/s: %d calls in the second starting 1 s after the change; at most %d in any sliding second", len(second), most)
+	if most > 100 {
+		t.Errorf("%d calls in a sliding second: a burst across the raise", most)
+	}
+	if len(second) < 90 {
+		t.Errorf("%d calls in the second starting 1 s after the raise to 100/s (tick 10.2 ms: 98): the raise did not apply within a second", len(second))
+	}
 }

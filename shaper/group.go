@@ -16,6 +16,9 @@ type Group struct {
 	total *totalTick
 }
 
+// Name returns the group's name.
+func (grp *Group) Name() string { return grp.name }
+
 // totalTick is a group's total limit as the reserve script takes it.
 type totalTick struct {
 	interval time.Duration
@@ -73,5 +76,5 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 	}
 	keep += p.Guard
 	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep,
-		total: grp.total, keys: keysOf(grp.gate.prefix, grp.name, name)}, nil
+		total: grp.total, keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1)}, nil
 }

@@ -38,6 +38,14 @@ type bucketKeys struct {
 	// replicas is a hash of processes' configured ticks for this bucket,
 	// written with every grant: replica id -> "interval_µs|burst|seen_µs".
 	replicas string
+	// ticks is a list of the ticks granted lately (µs, newest first), at
+	// most a few windows' worth at the configured rate: what a
+	// rate-limited answer is judged against (see judge). Ticks given up
+	// and refused calls are taken out.
+	ticks string
+	// limited is a list of the ticks of the last rate-limited calls (µs,
+	// newest first, at most 32).
+	limited string
 
 	// Group-level keys.
 
@@ -75,13 +83,14 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 	}
 	return bucketKeys{
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
+		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 	}
 }
 
 // all lists every key, in the order the reserve and stats scripts take.
 func (k bucketKeys) all() []string {
-	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates, k.slots}
+	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates, k.slots, k.ticks}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.

@@ -1,6 +1,9 @@
 package shaper
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // maxAsking bounds the reservations one gate has in flight to Redis for
 // one bucket. Callers beyond it wait their turn in the process: a crowd of
@@ -16,6 +19,7 @@ type local struct {
 	asking      chan struct{} // slots for reservations in flight to Redis
 	pausedUntil time.Time     // local end of a pause heard of while callers wait
 	respacedAt  time.Time     // local time of the last respace heard of while callers wait
+	current     *Bucket       // the handle a respace made current (nil: none)
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
@@ -81,4 +85,41 @@ func (g *Gate) respacedSince(l *local, t time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return l.respacedAt.After(t)
+}
+
+// supersede makes b the handle this process's callers of its bucket use
+// from their next request on (see Control.Respace).
+func (g *Gate) supersede(b *Bucket) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l, ok := g.active[b.name]; ok && (l.current == nil || b.made > l.current.made) {
+		l.current = b
+	}
+}
+
+// currentOf returns the handle a caller holding b uses: the one a respace
+// made current when it is newer than b, else b.
+func (g *Gate) currentOf(l *local, b *Bucket) *Bucket {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l.current != nil && l.current.made > b.made {
+		return l.current
+	}
+	return b
+}
+
+// ActiveIn returns the buckets of group that have callers waiting in this
+// process (their names in the group): after a change of their policy
+// these are the ones with ticks reserved at the old spacing here. The
+// list is as long as the work in flight, not as the group's buckets.
+func (g *Gate) ActiveIn(group string) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for name := range g.active {
+		if member, ok := strings.CutPrefix(name, group+"/"); ok {
+			out = append(out, member)
+		}
+	}
+	return out
 }

@@ -25,6 +25,7 @@ local now = now_us()
 local untilv = now + tonumber(ARGV[2])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0
 if untilv > cur then
+  if cur <= now then redis.call('HSET', KEYS[1], 'pause_from', string.format('%d', now)) end
   redis.call('HSET', KEYS[1], 'paused_until', string.format('%d', untilv), 'pause_reason', ARGV[3])
   redis.call('HINCRBY', KEYS[2], 'pauses', 1)
   redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. string.format('%d', untilv - now))

@@ -56,6 +56,16 @@ type Policy struct {
 	LeaseTTL time.Duration
 	// Adapt tunes learning from 429s that carry no limit.
 	Adapt Adapt
+	// Warmup, when set, ramps the primary limit's rate from WarmupFrom to
+	// Rate over Warmup whenever the bucket starts after being idle for
+	// longer than its window (a first call, a worker start after a
+	// stop, the end of a pause longer than the window), for vendors and
+	// downstream systems that punish cold bursts. The ramp only widens
+	// the spacing: every limit holds throughout.
+	Warmup time.Duration
+	// WarmupFrom is the rate the ramp starts at, in calls per primary
+	// window; default a quarter of Rate.
+	WarmupFrom float64
 }
 
 // Errors returned by Policy.Validate, matched with errors.Is.
@@ -68,11 +78,14 @@ var (
 
 // Validate reports the first reason the policy cannot be enforced.
 func (p Policy) Validate() error {
-	if p.Burst < 0 || p.Guard < 0 || p.Tolerance < 0 || p.Horizon < 0 || p.LeaseTTL < 0 || p.MaxInFlight < 0 {
-		return fmt.Errorf("%w: burst, guard, tolerance, horizon, lease TTL and max in flight must not be negative", ErrBadDuration)
+	if p.Burst < 0 || p.Guard < 0 || p.Tolerance < 0 || p.Horizon < 0 || p.LeaseTTL < 0 || p.MaxInFlight < 0 || p.Warmup < 0 || p.WarmupFrom < 0 {
+		return fmt.Errorf("%w: burst, guard, tolerance, horizon, lease TTL, max in flight, warmup and warmup_from must not be negative", ErrBadDuration)
 	}
 	if len(p.Limits) == 0 {
 		return ErrNoLimits
+	}
+	if r := p.Limits[0].Rate; p.WarmupFrom > float64(r) {
+		return fmt.Errorf("%w: warmup_from %v is above the rate %d: a warm-up ramps up to the rate", ErrBadLimit, p.WarmupFrom, r)
 	}
 	p = p.withDefaults()
 	for i, l := range p.Limits {
@@ -109,6 +122,9 @@ func (p Policy) withDefaults() Policy {
 	}
 	if p.LeaseTTL == 0 {
 		p.LeaseTTL = DefaultLeaseTTL
+	}
+	if p.Warmup > 0 && p.WarmupFrom == 0 && len(p.Limits) > 0 {
+		p.WarmupFrom = float64(p.Limits[0].Rate) / 4
 	}
 	return p
 }

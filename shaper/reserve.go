@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,6 +31,10 @@ type reservation struct {
 	wait   time.Duration
 	reason deferReason
 	lease  string
+	// tick is the granted tick in Redis time (µs), for the ticks list.
+	tick int64
+	// tolerance is a learned tolerance tighter than the policy's (0: none).
+	tolerance time.Duration
 }
 
 // replicaLive is how long a replica's configured tick counts: a replica
@@ -88,9 +93,16 @@ end
 // ARGV[13] the group's total interval (µs; 0: no total), ARGV[14] its
 // burst, ARGV[15] its window + guard (µs), ARGV[16] its rate (calls per
 // total window), ARGV[17] the bucket's own rate in calls per total window
-// Returns {granted (0|1), wait (µs), reason}: when granted, wait is the time
-// from Redis now to the tick; when not, the time before asking again and
-// reason says why (see deferReason).
+// ARGV[18] ring size, ARGV[19] log length (see below), ARGV[20..23] the
+// configured rate and adaptation (see raiseLua)
+// ARGV[24] length of the ticks list (0: keep none), ARGV[25] the primary
+// limit's window (µs), ARGV[26] warm-up (µs; 0: none), ARGV[27] the rate
+// it starts at (calls per primary window)
+// Returns {granted (0|1), wait (µs), reason, tick (µs), tolerance (µs; 0:
+// the policy's)}: when granted, wait is the time from Redis now to the
+// tick; when not, the time before asking again and reason says why (see
+// deferReason). A tolerance is returned when a margin was learned (see
+// Control.RateLimited).
 var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + `
 local now = now_us()
 local interval = tonumber(ARGV[2])
@@ -120,7 +132,7 @@ for i = 2, #peers, 2 do
   end
 end
 
-local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate', 'rate_source')
+local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
 local paused = tonumber(ctl[1]) or 0
 local rate = tonumber(ctl[2])
 if rate and ctl[3] == 'learned' then
@@ -129,6 +141,14 @@ if rate and ctl[3] == 'learned' then
 end
 if rate and rate > 0 then
   local iv, b = spacing(rate, burst, tonumber(ARGV[8]))
+  if iv > interval then interval = iv end
+  burst = b
+end
+-- A guard learned from refusals at the full rate (network jitter, a
+-- vendor that enforces spacing) widens the primary limit's spacing.
+local lguard = tonumber(ctl[4])
+if lguard and lguard > 0 then
+  local iv, b = spacing(rate or tonumber(ARGV[20]), burst, tonumber(ARGV[25]) + lguard)
   if iv > interval then interval = iv end
   burst = b
 end
@@ -175,22 +195,94 @@ end
 -- window) or was lost (Redis restarted empty, failed over, evicted): the
 -- group's epoch and expiry set tell which. Ticks granted before a loss
 -- reach at most now + horizon, so the next tick comes an interval later.
-local epoch = redis.call('EXISTS', KEYS[6]) == 1
-if not epoch then redis.call('SET', KEYS[6], string.format('%d', now)) end
-local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log', 'plan')
+--
+-- A state written by another Redis server than this one (a replica
+-- promoted by a failover, a restart from a snapshot or an append-only
+-- file) may be a stale copy that lacks the last ticks the old server
+-- granted: it counts as lost too. The server is told by its run_id
+-- (INFO server; new for every server process), kept with the epoch
+-- ("run_id|switched_at") and with each state ("run"). For keep after a
+-- switch, a missing state counts as lost as well (it may never have
+-- reached this server). Where INFO is not allowed, runid is '' and only
+-- missing states are detected.
+local runid = ''
+local info = redis.pcall('INFO', 'server')
+if type(info) == 'string' then runid = string.match(info, 'run_id:(%w+)') or '' end
+local ep = redis.call('GET', KEYS[6])
+local epoch = ep ~= false
+local switched = false
+if runid ~= '' then
+  local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
+  if not epoch then
+    redis.call('SET', KEYS[6], runid .. '|0')
+  elseif erun ~= runid then
+    switched = true
+    redis.call('SET', KEYS[6], runid .. '|' .. string.format('%d', now))
+  elseif now - tonumber(eat) < keep then
+    switched = true
+  end
+elseif not epoch then
+  redis.call('SET', KEYS[6], string.format('%d', now))
+end
+local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run')
+-- The log of a state reset at l (see below): its last ticks as if spaced
+-- at the bucket's pace up to l, so that the next come at that pace.
+local function resetLog(l)
+  local kk = tonumber(ARGV[19])
+  if kk <= 0 then return '' end
+  local pace = math.ceil(tonumber(ARGV[8]) / kk)
+  local parts = {}
+  for i = 1, kk do parts[i] = string.format('%d', l - (i - 1) * pace) end
+  return table.concat(parts, ',')
+end
 local last = tonumber(st[1])
 local n = tonumber(st[2]) or 0
 local reason = 1
 -- A state holding a plan and no tick yet (calls planned, none granted)
 -- lost nothing, unless the group lost its epoch with it.
-if last == nil and (st[6] == false or not epoch) then
+if last == nil and (st[6] == false or not epoch or switched) then
   local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
-  if not epoch or (exp and exp > now) then
+  if not epoch or switched or (exp and exp > now) then
     last = now + horizon
     n = burst
     reason = 3
-    redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n)
+    st[5] = resetLog(last)
+    redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n, 'run', runid, 'log', st[5])
     redis.call('HINCRBY', KEYS[3], 'resets', 1)
+  end
+elseif last ~= nil and runid ~= '' and st[8] ~= runid then
+  -- A stale copy: ticks it lacks reach at most now + horizon.
+  last = math.max(last, now + horizon)
+  n = burst
+  reason = 3
+  st[5] = resetLog(last)
+  redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n, 'run', runid, 'log', st[5])
+  redis.call('HINCRBY', KEYS[3], 'resets', 1)
+end
+-- Warm-up: the rate ramps from ARGV[27] to the rate over ARGV[26] from
+-- the moment the bucket starts after being idle longer than its window
+-- (its state gone, or a pause that long ending).
+local warmup = tonumber(ARGV[26])
+if warmup > 0 then
+  local warm = tonumber(st[7])
+  if st[1] == false and warm == nil then
+    warm = last or now -- a lost state's first tick waits the horizon
+    redis.call('HSET', KEYS[1], 'warm', string.format('%d', warm))
+  end
+  local pfrom = tonumber(ctl[6])
+  if paused > 0 and pfrom and paused - pfrom > tonumber(ARGV[25]) and (warm or 0) < paused then
+    warm = paused
+    redis.call('HSET', KEYS[1], 'warm', string.format('%d', warm))
+  end
+  if warm and now - warm < warmup then
+    local top = rate or tonumber(ARGV[20])
+    local from = math.min(tonumber(ARGV[27]), top)
+    local r = from + (top - from) * math.max(now - warm, 0) / warmup
+    local span = tonumber(ARGV[8])
+    if lguard and lguard > 0 then span = math.max(span, tonumber(ARGV[25]) + lguard) end
+    local iv, b = spacing(r, burst, span)
+    if iv > interval then interval = iv end
+    burst = math.min(burst, b)
   end
 end
 -- The total: ticks one total interval apart. In slot mode (ARGV[18] > 0)
@@ -201,15 +293,16 @@ end
 local ring = tonumber(ARGV[18])
 local tlast, tn, blocked = nil, 0, 0
 if tiv > 0 then
-  local ts = redis.call('HMGET', KEYS[8], 'last', 'n', 'cleared', 'blocked')
+  local ts = redis.call('HMGET', KEYS[8], 'last', 'n', 'cleared', 'blocked', 'run')
   tlast = tonumber(ts[1])
   tn = tonumber(ts[2]) or 0
   blocked = tonumber(ts[4]) or 0
-  if not epoch then
-    -- Lost with the group: the total's ticks reach at most now + horizon.
-    blocked = now + horizon
+  if not epoch or (runid ~= '' and (ts[5] or '') ~= runid and (tlast ~= nil or switched)) then
+    -- Lost with the group, or a stale copy: the total's ticks reach at
+    -- most now + horizon.
+    blocked = math.max(blocked, now + horizon)
     redis.call('DEL', KEYS[11])
-    redis.call('HSET', KEYS[8], 'blocked', string.format('%d', blocked))
+    redis.call('HSET', KEYS[8], 'blocked', string.format('%d', blocked), 'run', runid)
     if tlast == nil then tlast = blocked; tn = tburst end
     reason = 3
   end
@@ -313,13 +406,13 @@ if tick - now > horizon then
   redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
   keepAlive(math.max(at, last or 0) + keep)
   redis.call('HINCRBY', KEYS[3], 'deferred', 1)
-  return {0, at - now, reason}
+  return {0, at - now, reason, 0, 0}
 end
 if maxif > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
   if redis.call('ZCARD', KEYS[4]) >= maxif then
     redis.call('HINCRBY', KEYS[3], 'deferred', 1)
-    return {0, math.max(interval, 5000), 2}
+    return {0, math.max(interval, 5000), 2, 0, 0}
   end
   local lease = tick + tonumber(ARGV[6])
   redis.call('ZADD', KEYS[4], string.format('%d', lease), ARGV[7])
@@ -334,7 +427,7 @@ else
     while #logt > k do table.remove(logt) end
   end
 end
-local fields = {'last', string.format('%d', tick), 'n', n, 'vt', string.format('%d', vt or tick)}
+local fields = {'last', string.format('%d', tick), 'n', n, 'vt', string.format('%d', vt or tick), 'run', runid}
 if k > 0 then
   local parts = {}
   for i, x in ipairs(logt) do parts[i] = string.format('%d', x) end
@@ -345,15 +438,21 @@ redis.call('HSET', KEYS[1], unpack(fields))
 keepAlive(math.max(tick, tonumber(st[3]) or 0) + keep)
 if tiv > 0 then
   if tick == tlast then tn = tn + 1 else tn = 1 end
-  redis.call('HSET', KEYS[8], 'last', string.format('%d', math.max(tick, tlast or 0)), 'n', tn)
+  redis.call('HSET', KEYS[8], 'last', string.format('%d', math.max(tick, tlast or 0)), 'n', tn, 'run', runid)
   extend(KEYS[8], tick + keep, now)
   if ring > 0 then
     redis.call('SETBIT', KEYS[11], math.floor(tick / tiv) % ring, 1)
     extend(KEYS[11], tick + keep, now)
   end
 end
+local logn = tonumber(ARGV[24])
+if logn > 0 then
+  redis.call('LPUSH', KEYS[12], string.format('%d', tick))
+  redis.call('LTRIM', KEYS[12], 0, logn - 1)
+  extend(KEYS[12], tick + keep, now)
+end
 count(KEYS[3], 'granted', now)
-return {1, tick - now, 0}
+return {1, tick - now, 0, tick, tonumber(ctl[5]) or 0}
 `)
 
 // reserve asks for the next tick in one Redis round trip. Being deferred
@@ -382,29 +481,34 @@ func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
 		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
 		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k,
-		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds()).Int64Slice()
+		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds(), b.tickLog(), b.policy.Limits[0].Window.Microseconds(),
+		b.policy.Warmup.Microseconds(), b.policy.WarmupFrom).Int64Slice()
 	if err != nil {
-		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, err)
+		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 	}
-	if len(res) != 3 {
+	if len(res) != 5 {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
 	}
-	r := reservation{ok: res[0] == 1, wait: time.Duration(res[1]) * time.Microsecond, reason: deferReason(res[2])}
+	r := reservation{ok: res[0] == 1, wait: time.Duration(res[1]) * time.Microsecond, reason: deferReason(res[2]),
+		tick: res[3], tolerance: time.Duration(res[4]) * time.Microsecond}
 	if r.ok {
 		r.lease = lease
 	}
 	return r, nil
 }
 
-// giveUpScript frees an in-flight lease and counts a tick given up.
+// giveUpScript frees an in-flight lease, counts a tick given up and takes
+// it out of the ticks list.
 //
-// KEYS[1] in-flight sorted set, KEYS[2] stats hash.
+// KEYS[1] in-flight sorted set, KEYS[2] stats hash, KEYS[3] ticks list.
 // ARGV[1] Redis time override (unused), ARGV[2] lease id ("" for none),
-// ARGV[3] the counter to add one to ("late", "dropped") or "".
+// ARGV[3] the counter to add one to ("late", "dropped") or "", ARGV[4]
+// the tick given up (µs; 0: none).
 // Returns 0.
 var giveUpScript = redis.NewScript(`
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
+if ARGV[4] ~= '0' then redis.call('LREM', KEYS[3], 1, ARGV[4]) end
 return 0
 `)
 
@@ -414,16 +518,28 @@ const (
 	gaveUpDropped = "dropped"
 )
 
-// giveUp frees lease (if any) and counts why its tick went unused (if
-// counter is set).
-func (b *Bucket) giveUp(ctx context.Context, lease string, counter string) error {
-	if lease == "" && counter == "" {
+// giveUp frees lease (if any), counts why its tick went unused (if
+// counter is set) and takes the tick out of the ticks list (if tick > 0:
+// a tick granted and never used).
+func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick int64) error {
+	if lease == "" && counter == "" && tick == 0 {
 		return nil
 	}
-	if err := giveUpScript.Run(ctx, b.gate.rdb, []string{b.keys.inFlight, b.keys.stats}, 0, lease, counter).Err(); err != nil {
-		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, err)
+	if err := giveUpScript.Run(ctx, b.gate.rdb, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks}, 0, lease, counter,
+		strconv.FormatInt(tick, 10)).Err(); err != nil {
+		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil
+}
+
+// maxTickLog bounds a bucket's ticks list.
+const maxTickLog = 1000
+
+// tickLog is how many granted ticks the bucket's ticks list keeps: three
+// windows of the primary limit at the configured rate, what judging a
+// rate-limited answer looks at.
+func (b *Bucket) tickLog() int {
+	return min(3*b.policy.Limits[0].Rate+1, maxTickLog)
 }
 
 func newLeaseID() string {

@@ -15,16 +15,27 @@ import (
 // after it.
 const respaceSlack = 100 * time.Millisecond
 
-// respaceScript brings a bucket's line of reserved ticks back to now.
+// respaceScript brings a bucket's line of reserved ticks back to now, and
+// takes out the configured ticks this replica recorded under policies
+// other than the current one, so that a raised rate is not held back by
+// the old tick for replicaLive.
 //
-// KEYS[1] gate hash.
+// KEYS[1] gate hash, KEYS[2] replicas hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] slack (µs), ARGV[3]
-// respace channel, ARGV[4] bucket name.
+// respace channel, ARGV[4] bucket name, ARGV[5] the replica's id ("" for
+// none), ARGV[6] its entry under the current policy (see the reserve
+// script).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
 // was published), else 0.
 var respaceScript = redis.NewScript(nowLua + `
 local now = now_us()
 local at = now + tonumber(ARGV[2])
+if ARGV[5] ~= '' then
+  local mine = ARGV[5] .. '|'
+  for _, f in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if f ~= ARGV[6] and string.sub(f, 1, #mine) == mine then redis.call('HDEL', KEYS[2], f) end
+  end
+end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
 if last == nil or last <= at then return 0 end
 -- n: the line's last tick is spent, the next comes one interval after.
@@ -39,10 +50,16 @@ return 1
 // restarts a moment after now, and gates that Watch drop the ticks their
 // callers were granted before, so those callers ask again and get ticks
 // at the new spacing. Nothing is lost; the dropped ticks go unused.
+//
+// Call it on the handle of the new policy: this process's callers still
+// waiting under an older handle of the bucket carry on under this one, and
+// the older policies' ticks stop counting for this replica at once (a
+// raised rate applies now, not when the old tick's record ages out).
 func (c *Control) Respace(ctx context.Context) error {
 	b := c.b
-	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate}, b.gate.redisNow(),
-		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name).Int64()
+	b.gate.supersede(b)
+	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.replicas}, b.gate.redisNow(),
+		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica, b.replicaField()).Int64()
 	if err != nil {
 		return fmt.Errorf("shaper: respace %q: %w", b.name, err)
 	}
@@ -50,4 +67,13 @@ func (c *Control) Respace(ctx context.Context) error {
 		b.gate.noteRespace(b.name, b.gate.clock.Now())
 	}
 	return nil
+}
+
+// replicaField is the bucket's entry in its replicas hash for this
+// process and policy (the reserve script writes the same).
+func (b *Bucket) replicaField() string {
+	if b.gate.replica == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s|%d|%d", b.gate.replica, b.interval.Microseconds(), b.burst)
 }

@@ -36,6 +36,16 @@ type Stats struct {
 	Window         time.Duration
 	RateReason     string
 	RateSource     string // "learned" (429s), "announced" (headers), "set" (SetRate), "" (configured)
+	// Source names what sets EffectiveRate now: "configured", "announced"
+	// (rate-limit headers), "learned" (429s), "set" (SetRate), "margin"
+	// (a guard learned from 429s at the full spacing) or "warmup".
+	Source string
+	// Guard is the guard in force: the policy's, or a wider one learned
+	// from 429s (GuardReason says why).
+	Guard       time.Duration
+	GuardReason string
+	// WarmingFor is what is left of a warm-up ramp (0: none).
+	WarmingFor time.Duration
 	// NextTick is how long until the next free tick (0: now).
 	NextTick time.Duration
 	// PausedFor is the pause remaining, with its reason.
@@ -68,9 +78,10 @@ var statsFields = []any{"granted", "deferred", "late", "pauses", "resets", "drop
 // KEYS[4] in-flight sorted set.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2...] the stats hash
 // fields to read (statsFields).
-// Returns a flat list of name, value pairs: "now", "last" (gate hash),
-// "paused_until", "pause_reason", "rate", "rate_source", "rate_reason"
-// (control hash), "in_flight", and every field asked for; missing values
+// Returns a flat list of name, value pairs: "now", "last", "warm" (gate
+// hash), "paused_until", "pause_reason", "rate", "rate_source",
+// "rate_reason", "guard", "guard_reason" (control hash), "in_flight", and
+// every field asked for; missing values
 // are left out, so Go tells them from zero.
 var statsScript = redis.NewScript(nowLua + `
 local now = now_us()
@@ -82,8 +93,8 @@ local function put(key, fields)
     if vals[i] then out[#out + 1] = f; out[#out + 1] = vals[i] end
   end
 end
-put(KEYS[1], {'last'})
-put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason'})
+put(KEYS[1], {'last', 'warm'})
+put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason', 'guard', 'guard_reason'})
 local asked = {}
 for i = 2, #ARGV do asked[#asked + 1] = ARGV[i] end
 put(KEYS[3], asked)
@@ -144,9 +155,31 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	st.GrantedLastMinute = lastMinute(now, "granted", num)
 	st.RateLimitedLastMinute = lastMinute(now, "rate_limited", num)
 	iv, burst := b.interval, b.burst
+	st.Source, st.Guard = "configured", b.policy.Guard
+	rate := float64(b.policy.Limits[0].Rate)
 	if r, err := strconv.ParseFloat(v["rate"], 64); err == nil && r > 0 {
 		iv, burst = b.policy.WithRate(r)
 		st.RateSource = v["rate_source"]
+		st.Source, rate = st.RateSource, r
+	}
+	// What else widens the tick, as the reserve script has it.
+	widen := func(source string, r float64, guard time.Duration) {
+		if w, bu := tickFor(b.policy.Limits[:1], burst, guard, r); w > iv {
+			iv, burst, st.Source = w, bu, source
+		}
+	}
+	if g := time.Duration(num("guard")) * time.Microsecond; g > st.Guard {
+		st.Guard, st.GuardReason = g, v["guard_reason"]
+		source := "margin"
+		if st.RateSource == "learned" {
+			source = "learned" // a learned rate comes with a wider guard
+		}
+		widen(source, rate, g)
+	}
+	if warm := num("warm"); b.policy.Warmup > 0 && warm > 0 && now-warm < b.policy.Warmup.Microseconds() {
+		st.WarmingFor = time.Duration(b.policy.Warmup.Microseconds()-max(now-warm, 0)) * time.Microsecond
+		from := min(b.policy.WarmupFrom, rate)
+		widen("warmup", from+(rate-from)*float64(max(now-warm, 0))/float64(b.policy.Warmup.Microseconds()), st.Guard)
 	}
 	st.EffectiveRate = EffectiveRate(iv, burst, window)
 	if last, ok := v["last"]; ok {

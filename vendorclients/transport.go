@@ -25,7 +25,39 @@ type transport struct {
 	observer Observer // optional
 
 	announced *announcedRates // shared by a client and its accounts' clients
+	latency   *latencies      // shared by a client and its accounts' clients
 	bucket    atomic.Pointer[shaper.Bucket]
+}
+
+// latencies keeps the last answers' round-trip times, whose spread
+// (longest less shortest) estimates the network jitter a refusal at the
+// full rate is judged with (see shaper.Control.RateLimited).
+type latencies struct {
+	mu   sync.Mutex
+	ring [64]time.Duration
+	n    int
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ring[l.n%len(l.ring)] = d
+	l.n++
+}
+
+// spread is the longest less the shortest of the last round trips.
+func (l *latencies) spread() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := min(l.n, len(l.ring))
+	if n == 0 {
+		return 0
+	}
+	lo, hi := l.ring[0], l.ring[0]
+	for _, d := range l.ring[1:n] {
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	return hi - lo
 }
 
 // maxAnnounced bounds the buckets whose last announced rate a client
@@ -105,7 +137,11 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	if out.Header.Get("User-Agent") == "" {
 		out.Header.Set("User-Agent", t.vendor.UserAgent)
 	}
+	sent := time.Now()
 	resp, err := t.base.RoundTrip(out)
+	if err == nil && t.latency != nil {
+		t.latency.add(time.Since(sent))
+	}
 	if err != nil {
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
@@ -115,7 +151,7 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
 	}}
-	pause := t.adapt(context.WithoutCancel(ctx), bucket, resp)
+	pause := t.adapt(context.WithoutCancel(ctx), bucket, permit, resp)
 	return resp, pause, nil
 }
 
@@ -128,9 +164,10 @@ func closeBody(req *http.Request) {
 // adapt feeds what the response says about the vendor's limits back into
 // the gate, for every replica: an announced limit lowers the effective
 // rate; "0 remaining" pauses until the reset; a rate-limited answer pauses
-// until Retry-After, and without an announced limit also lowers the rate
-// multiplicatively. It returns the pause in force (0 when none was set).
-func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http.Response) time.Duration {
+// until Retry-After, and without an announced limit also teaches the
+// bucket (see shaper.Control.RateLimited): a lower rate, or a wider
+// margin. It returns the pause in force (0 when none was set).
+func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *shaper.Permit, resp *http.Response) time.Duration {
 	ctl := bucket.Control()
 	vendor := t.vendor.Name
 	h := ParseHints(resp.Header, time.Now())
@@ -154,6 +191,8 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http
 		}
 	}
 	limited := isRateLimited(resp)
+	learn := limited && h.Limit == 0
+	var learned shaper.Learned
 	if limited {
 		if t.observer != nil {
 			t.observer.RateLimited(vendor)
@@ -162,11 +201,29 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http
 			t.log.Error("vendorclients: could not count a rate-limited answer", "vendor", vendor, "err", err)
 		}
 	}
+	if learn {
+		var jitter time.Duration
+		if t.latency != nil {
+			jitter = t.latency.spread()
+		}
+		var err error
+		learned, err = ctl.RateLimited(ctx, permit, shaper.Refusal{Reason: fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode),
+			RetryAfter: h.HasRetryAfter, Jitter: jitter})
+		if err != nil {
+			t.log.Error("vendorclients: could not learn from a rate-limited answer", "vendor", vendor, "err", err)
+		}
+	}
 	d, reason := pauseFor(resp, h, limited)
-	if limited && h.Limit == 0 {
-		// The rate is about to be lowered: ticks granted at the old rate
-		// reach at most a horizon ahead, so pausing at least that long
-		// drops them all, and no window mixes old and new spacing.
+	switch {
+	case learn && learned.InForce == shaper.LessonMargin && !h.HasRetryAfter:
+		// Refused for spacing, not for the rate: the respace below
+		// drops the ticks granted at the old spacing; a pause would
+		// only cost calls.
+		d = 0
+	case learn:
+		// The rate is (or was just) lowered: ticks granted at the old
+		// rate reach at most a horizon ahead, so pausing at least that
+		// long drops them all, and no window mixes old and new spacing.
 		d = max(d, bucket.Policy().Horizon)
 	}
 	if d > t.vendor.MaxRetryAfter {
@@ -183,12 +240,13 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, resp *http
 			t.log.Info("vendorclients: vendor paused for every replica", "vendor", vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
 		}
 	}
-	if limited && h.Limit == 0 {
-		rate, err := ctl.LowerRate(ctx, fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode))
-		if err != nil {
-			t.log.Error("vendorclients: could not lower the rate", "vendor", vendor, "err", err)
-		} else {
-			t.log.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", vendor, "rate", rate, "per", primary.Window)
+	switch learned.Lesson {
+	case shaper.LessonRate:
+		t.log.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", vendor, "rate", learned.Rate, "per", primary.Window, "reason", learned.Reason)
+	case shaper.LessonMargin:
+		t.log.Info("vendorclients: rate-limited at the full spacing; margin widened", "vendor", vendor, "guard", learned.Guard, "reason", learned.Reason)
+		if err := ctl.Respace(ctx); err != nil {
+			t.log.Error("vendorclients: could not respace after widening the margin", "vendor", vendor, "err", err)
 		}
 	}
 	return pause

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/durations"
+	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -28,6 +29,23 @@ func newConfigCmd() *cobra.Command {
 			return nil
 		},
 	})
+	var user string
+	acl := &cobra.Command{
+		Use:   "acl",
+		Short: "Print the least-privilege Redis ACL for shaper's user",
+		Long: `Print the Redis ACL rules that let shaper's worker, enqueue and stats run
+and nothing more (asynq's and shaper's keys and channels, no dangerous
+commands), as an ACL SETUSER command and as a users.acl line. Replace
+PASSWORD, and put the password in redis.password or SHAPER_REDIS_PASSWORD.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rules := queue.ACLRules(shaper.DefaultKeyPrefix)
+			fmt.Fprintf(cmd.OutOrStdout(), "# redis-cli:\nACL SETUSER %s on >PASSWORD %s\n# users.acl:\nuser %s on >PASSWORD %s\n", user, rules, user, rules)
+			return nil
+		},
+	}
+	acl.Flags().StringVar(&user, "user", "shaper", "the ACL user's name (redis.username)")
+	cmd.AddCommand(acl)
 	return cmd
 }
 

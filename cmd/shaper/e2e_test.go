@@ -50,11 +50,11 @@ func shaperBin(t *testing.T) string {
 	return binPath
 }
 
-// startWorker starts `shaper worker` and stops it (SIGTERM) when the test
+// startWorker starts `shaper worker` (with args added) and stops it (SIGTERM) when the test
 // ends.
-func startWorker(t *testing.T, cfg string) (*exec.Cmd, *logtest.Buffer) {
+func startWorker(t *testing.T, cfg string, args ...string) (*exec.Cmd, *logtest.Buffer) {
 	t.Helper()
-	cmd := exec.Command(shaperBin(t), "worker", "--config", cfg)
+	cmd := exec.Command(shaperBin(t), append([]string{"worker", "--config", cfg}, args...)...)
 	out := &logtest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -88,10 +88,15 @@ func runShaper(t *testing.T, stdin string, args ...string) (string, error) {
 
 func writeConfig(t *testing.T, redisAddr, vendor, baseURL string, rate int) string {
 	t.Helper()
+	return writeConfigRedis(t, fmt.Sprintf("addr = %q\n", redisAddr), vendor, baseURL, rate)
+}
+
+// writeConfigRedis is writeConfig with the [redis] table's lines given.
+func writeConfigRedis(t *testing.T, redisTable, vendor, baseURL string, rate int) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.toml")
 	cfg := fmt.Sprintf(`[redis]
-addr = %q
-
+%s
 [worker]
 max_retry = 25
 
@@ -99,7 +104,7 @@ max_retry = 25
 base_url = %q
 rate = %d
 window = "1s"
-`, redisAddr, vendor, baseURL, rate)
+`, redisTable, vendor, baseURL, rate)
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -317,13 +322,31 @@ func TestLiveRateEdit(t *testing.T) {
 	})
 	rejected := time.Now()
 	time.Sleep(1500 * time.Millisecond) // traffic: the rate in force after the rejection
+	// Raised back to 100: the vendor sees 10.2 ms gaps within a second,
+	// never more than 100 calls in a second.
+	os.WriteFile(tmp, []byte(string(data)), 0o600)
+	raised := time.Now()
+	os.Rename(tmp, cfg)
+	var raisedShown time.Time
+	waitUntil(t, 10*time.Second, "the vendor to see the raised rate", func() bool {
+		raisedShown = firstRunOfShortGaps(requestTimes(vend), raised, 15*time.Millisecond, 10)
+		return !raisedShown.IsZero()
+	})
+	time.Sleep(time.Until(raisedShown.Add(1500 * time.Millisecond))) // traffic at the raised rate
 	ts := requestTimes(vend)
-	lag := shown.Sub(edited)
+	lag, raiseLag := shown.Sub(edited), raisedShown.Sub(raised)
 	maxAcross := maxIn(ts, edited.Add(-2*time.Second), edited.Add(3*time.Second), time.Second)
-	maxAfter := maxIn(ts, shown.Add(time.Second), time.Now(), time.Second)
+	maxAfter := maxIn(ts, shown.Add(time.Second), rejected.Add(time.Second), time.Second)
 	inForce := maxIn(ts, rejected, rejected.Add(time.Second), time.Second)
-	t.Logf("rate edit 100 -> 50 per second: seen at the vendor %s after the save; most calls in any second across the edit %d, after it %d; %d calls in the second after an invalid edit was rejected",
-		lag.Round(time.Millisecond), maxAcross, maxAfter, inForce)
+	maxRaised := maxIn(ts, raised.Add(-time.Second), time.Now(), time.Second)
+	t.Logf("rate edit 100 -> 50 per second: seen at the vendor %s after the save; most calls in any second across the edit %d, after it %d; %d calls in the second after an invalid edit was rejected; 50 -> 100: seen %s after the save, most calls in any second since %d",
+		lag.Round(time.Millisecond), maxAcross, maxAfter, inForce, raiseLag.Round(time.Millisecond), maxRaised)
+	if raiseLag > time.Second {
+		t.Errorf("the raise took %s to show at the vendor", raiseLag)
+	}
+	if maxRaised > 100 {
+		t.Errorf("%d calls in a second across the raise to 100/s", maxRaised)
+	}
 	if inForce < 40 || inForce > 50 {
 		t.Errorf("%d calls in the second after the invalid edit: the last good rate (50/s) is not in force", inForce)
 	}
@@ -366,6 +389,27 @@ func firstRunOfGaps(ts []time.Time, from time.Time, gap time.Duration, n int) ti
 			}
 		}
 		if slow {
+			return ts[i]
+		}
+	}
+	return time.Time{}
+}
+
+// firstRunOfShortGaps returns the first event at or after from that
+// starts n consecutive gaps each shorter than gap, or the zero time.
+func firstRunOfShortGaps(ts []time.Time, from time.Time, gap time.Duration, n int) time.Time {
+	for i := 1; i+n < len(ts); i++ {
+		if ts[i].Before(from) {
+			continue
+		}
+		fast := true
+		for j := i; j < i+n; j++ {
+			if ts[j+1].Sub(ts[j]) >= gap {
+				fast = false
+				break
+			}
+		}
+		if fast {
 			return ts[i]
 		}
 	}

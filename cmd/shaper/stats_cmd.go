@@ -21,12 +21,18 @@ import (
 // VendorStats is one vendor in `shaper stats --json`. The shape is stable:
 // fields are only ever added.
 type VendorStats struct {
-	Vendor                string  `json:"vendor"`
-	ConfiguredRate        float64 `json:"configured_rate"`
-	EffectiveRate         float64 `json:"effective_rate"`
-	Window                string  `json:"window"`
-	RateSource            string  `json:"rate_source"`
-	RateReason            string  `json:"rate_reason"`
+	Vendor         string  `json:"vendor"`
+	ConfiguredRate float64 `json:"configured_rate"`
+	EffectiveRate  float64 `json:"effective_rate"`
+	Window         string  `json:"window"`
+	RateSource     string  `json:"rate_source"`
+	RateReason     string  `json:"rate_reason"`
+	// Source is what sets the effective rate now: configured, announced,
+	// learned, set, margin (a guard learned from 429s) or warmup.
+	Source                string  `json:"source"`
+	GuardSeconds          float64 `json:"guard_seconds"`
+	GuardReason           string  `json:"guard_reason,omitempty"`
+	WarmingForSeconds     float64 `json:"warming_for_seconds,omitempty"`
 	Queued                int64   `json:"queued"`
 	InFlight              int64   `json:"in_flight"`
 	Retrying              int64   `json:"retrying"`
@@ -145,6 +151,7 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 		vs := VendorStats{
 			Vendor: v.Name, ConfiguredRate: round2(st.ConfiguredRate), EffectiveRate: round2(st.EffectiveRate),
 			Window: durations.Format(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
+			Source: st.Source, GuardSeconds: st.Guard.Seconds(), GuardReason: st.GuardReason, WarmingForSeconds: round2(st.WarmingFor.Seconds()),
 			Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Retrying: qs.Retry,
 			GrantedLastMinute: st.GrantedLastMinute, GrantedTotal: st.Granted,
 			RateLimitedLastMinute: st.RateLimitedLastMinute, RateLimitedTotal: st.RateLimited,
@@ -185,6 +192,15 @@ func printStats(w io.Writer, rep StatsReport) {
 		rate := fmt.Sprintf("%.4g/%.4g per %s", v.EffectiveRate, v.ConfiguredRate, v.Window)
 		if v.RateSource != "" {
 			rate += fmt.Sprintf(" (%s: %s)", v.RateSource, v.RateReason)
+		}
+		if v.GuardReason != "" {
+			rate += fmt.Sprintf(" (guard %s: %s)", time.Duration(v.GuardSeconds*float64(time.Second)).Round(time.Millisecond), v.GuardReason)
+		}
+		if v.WarmingForSeconds > 0 {
+			rate += fmt.Sprintf(" (warming up, %s left)", time.Duration(v.WarmingForSeconds*float64(time.Second)).Round(100*time.Millisecond))
+		}
+		if v.Source != "" && v.Source != "configured" {
+			rate += " [set by: " + v.Source + "]"
 		}
 		if len(v.ReplicaRates) > 0 {
 			rate += fmt.Sprintf(" [replicas disagree: %v; the lowest applies]", v.ReplicaRates)

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -23,6 +25,7 @@ import (
 
 func newWorkerCmd() *cobra.Command {
 	var metricsAddr string
+	var allowEviction bool
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run the background worker until SIGINT or SIGTERM",
@@ -40,6 +43,7 @@ queue.`,
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			redis.SetLogger(redisLog{log})
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			rdb, closeRedis, err := connect(ctx, cfg, true, log)
@@ -47,6 +51,11 @@ queue.`,
 				return err
 			}
 			defer closeRedis()
+			if !cfg.Redis.Embedded() {
+				if err := checkEviction(ctx, rdb, allowEviction, log); err != nil {
+					return err
+				}
+			}
 			wc, err := cfg.WorkerConfig()
 			if err != nil {
 				return err
@@ -83,8 +92,35 @@ queue.`,
 			return runWorker(ctx, w, cfg, hup, log)
 		},
 	}
+	cmd.Flags().BoolVar(&allowEviction, "allow-eviction", false, "run even when Redis's maxmemory-policy may evict queued calls (allkeys-*)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address (off by default; :0 picks a free port)")
 	return cmd
+}
+
+// redisLog takes go-redis's own log lines (a failed dial, once per
+// connection attempt) at debug level: during an outage the worker says
+// once that Redis does not answer, and once that it answers again.
+type redisLog struct{ l *slog.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+	r.l.Debug("redis client: " + fmt.Sprintf(format, v...))
+}
+
+// checkEviction refuses a Redis that may evict queued calls, unless
+// allow, and warns about one that may evict the gate's state.
+func checkEviction(ctx context.Context, rdb redis.UniversalClient, allow bool, log *slog.Logger) error {
+	policy, err := queue.EvictionPolicy(ctx, rdb)
+	switch {
+	case errors.Is(err, queue.ErrEvictingRedis) && !allow:
+		return err
+	case errors.Is(err, queue.ErrEvictingRedis):
+		log.Warn("--allow-eviction: running on a Redis that may evict queued calls when it is full", "maxmemory_policy", policy)
+	case err != nil:
+		log.Warn("cannot check Redis's eviction policy; make sure maxmemory-policy is noeviction", "err", err)
+	case strings.HasPrefix(policy, "volatile-"):
+		log.Warn("Redis may evict keys with an expiry when full: finished calls' results and gate state (which the gate recovers by waiting out its horizon); noeviction is safest", "maxmemory_policy", policy)
+	}
+	return nil
 }
 
 // runWorker runs w until ctx ends, with the config watch beside it, and

@@ -75,6 +75,8 @@ var (
 	queueDepth      = prometheus.NewDesc("shaper_queue_depth", "Calls in the vendor's queue, by state.", []string{"vendor", "state"}, nil)
 	effectiveRate   = prometheus.NewDesc("shaper_effective_rate", "Calls per second the gate grants now (below the configured rate after adaptation).", []string{"vendor"}, nil)
 	configRate      = prometheus.NewDesc("shaper_configured_rate", "Calls per second the config allows, after burst and guard.", []string{"vendor"}, nil)
+	rateSource      = prometheus.NewDesc("shaper_rate_source", "1 for what sets the effective rate now: configured, announced (rate-limit headers), learned (429s), set, margin (a guard learned from 429s at the full spacing) or warmup.", []string{"vendor", "source"}, nil)
+	guard           = prometheus.NewDesc("shaper_guard_seconds", "The guard in force: the configured one, or a wider one learned from 429s at the full spacing.", []string{"vendor"}, nil)
 	paused          = prometheus.NewDesc("shaper_paused", "1 while the vendor is paused (429, Retry-After).", []string{"vendor"}, nil)
 	pauseLeft       = prometheus.NewDesc("shaper_pause_remaining_seconds", "Time until the vendor's pause ends.", []string{"vendor"}, nil)
 	accountsBacklog = prometheus.NewDesc("shaper_accounts_with_backlog", "Accounts of a per-account vendor with calls planned ahead (no per-account label: accounts are unbounded).", []string{"vendor"}, nil)
@@ -95,7 +97,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, paused, pauseLeft, oldest, accountsBacklog, served} {
+	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, rateSource, guard, paused, pauseLeft, oldest, accountsBacklog, served} {
 		ch <- d
 	}
 }
@@ -114,6 +116,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			perSecond := float64(time.Second) / float64(st.Window)
 			ch <- prometheus.MustNewConstMetric(effectiveRate, prometheus.GaugeValue, st.EffectiveRate*perSecond, name)
 			ch <- prometheus.MustNewConstMetric(configRate, prometheus.GaugeValue, st.ConfiguredRate*perSecond, name)
+			ch <- prometheus.MustNewConstMetric(rateSource, prometheus.GaugeValue, 1, name, st.Source)
+			ch <- prometheus.MustNewConstMetric(guard, prometheus.GaugeValue, st.Guard.Seconds(), name)
 			p := 0.0
 			if st.PausedFor > 0 {
 				p = 1

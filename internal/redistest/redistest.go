@@ -7,6 +7,7 @@ package redistest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -117,14 +118,16 @@ func Prefix(tb testing.TB) string {
 type Server struct {
 	Addr string
 	port int
-	args []string // extra redis-server arguments
+	args []string    // extra redis-server arguments
+	tls  *tls.Config // for a server that speaks TLS only (StartTLS)
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
 
-// Start starts a redis-server on a free port for this test only; it is
-// stopped when the test ends. It needs redis-server on PATH.
-func Start(tb testing.TB) *Server { return start(tb) }
+// Start starts a redis-server on a free port for this test only, with
+// args added to its command line; it is stopped when the test ends. It
+// needs redis-server on PATH.
+func Start(tb testing.TB, args ...string) *Server { return start(tb, args...) }
 
 // StartDurable is Start with an append-only file in a directory of the
 // test's, fsynced every write: a restart after Kill keeps every
@@ -138,7 +141,9 @@ func start(tb testing.TB, args ...string) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("redistest: this test kills and restarts its own Redis and needs redis-server on PATH (apt-get install redis-server): %v", err)
 	}
-	s, err := startServer(args...)
+	// Its files (the snapshot a master writes for a replica's sync) go in
+	// a directory of the test's; a --dir in args comes later and wins.
+	s, err := startServer(append([]string{"--dir", tb.TempDir()}, args...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -146,13 +151,21 @@ func start(tb testing.TB, args ...string) *Server {
 	return s
 }
 
-func startServer(args ...string) (*Server, error) {
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startServer(args ...string) (*Server, error) {
+	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
 	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), port: port, args: args}
 	return s, s.Restart()
 }
@@ -177,12 +190,17 @@ func (s *Server) Restart() error {
 	defer s.mu.Unlock()
 	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"}
-	cmd := exec.Command("redis-server", append(args, s.args...)...)
+	args = append(args, s.args...)
+	if s.tls != nil {
+		args = append(args, "--port", "0", "--tls-port", strconv.Itoa(s.port))
+	}
+	cmd := exec.Command("redis-server", args...)
+	cmd.SysProcAttr = dieWithParent() // a test binary killed mid-run leaves no server behind
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start redis-server: %w", err)
 	}
 	s.cmd = cmd
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.tls})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

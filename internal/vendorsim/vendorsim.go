@@ -1,6 +1,16 @@
 // Package vendorsim is a vendor API for tests and the demo: it enforces a
-// fixed window of Rate requests per Window at a Phase, answers excess with
-// 429 and Retry-After, and records every request.
+// rate limit of Rate requests per Window, answers excess with 429 and
+// Retry-After, and records every request.
+//
+// The limit is one of three kinds, as real vendors count:
+//   - "fixed" (the default): at most Rate admitted requests in each fixed
+//     window, windows starting at Unix-epoch multiples of Window plus Phase;
+//   - "sliding": a sliding log, admitting a request when fewer than Rate
+//     admitted requests lie in the Window before it;
+//   - "gcra": a leaky bucket (the generic cell rate algorithm) with emission
+//     interval Window/Rate and a burst of Burst requests.
+//
+// Rejected requests are recorded but never count against the limit.
 package vendorsim
 
 import (
@@ -23,16 +33,28 @@ type Request struct {
 	Status int
 }
 
-// Vendor is an http.Handler enforcing a fixed window.
+// Vendor is an http.Handler enforcing a rate limit of the given Kind. Set
+// its fields before the first request and leave them alone after.
 type Vendor struct {
+	// Kind is "fixed" (the default, also ""), "sliding" or "gcra"; see the
+	// package doc. Any other value answers every request with 500.
+	Kind   string
 	Rate   int
 	Window time.Duration
-	Phase  time.Duration // windows start at Unix-epoch multiples of Window plus Phase
-	// RetryAfter is "seconds" (default), "date" or "none".
+	Phase  time.Duration // "fixed" only: windows start at Unix-epoch multiples of Window plus Phase
+	// Burst is the "gcra" kind's burst: how many requests it admits at
+	// once after being idle. Zero or less means 1. Other kinds ignore it.
+	Burst int
+	// RetryAfter is "seconds" (default), "date" or "none". For "fixed" it
+	// says when the current window ends; for "sliding" and "gcra" it says
+	// when the next request would be admitted, in whole seconds rounded up
+	// (at least 1) or as an HTTP-date rounded up to the second.
 	RetryAfter string
 	// Headers is "none" (default), "x-ratelimit" (X-RateLimit-Limit,
 	// -Remaining, -Reset in seconds) or "ietf" (RateLimit-Policy and
-	// RateLimit, draft-08 and later), sent on every answer.
+	// RateLimit, draft-08 and later), sent on every answer. Only the
+	// "fixed" kind sends them; "sliding" and "gcra" send no rate-limit
+	// headers, as their quota has no single reset time.
 	Headers string
 	// Status, when set, decides the answer to an admitted request (for
 	// fault tests); default 200.
@@ -43,14 +65,51 @@ type Vendor struct {
 	// (after it was counted, as a vendor that hangs would).
 	Hang func(r *http.Request) time.Duration
 
+	now func() time.Time // the clock when set (tests), else time.Now
+
 	mu       sync.Mutex
-	window   int64
-	count    int
+	window   int64       // "fixed": the current window's number
+	count    int         // "fixed": requests in the current window
+	log      []time.Time // "sliding": the last Rate admitted times, a ring
+	head     int         // "sliding": index in log of the oldest time once log is full
+	tat      time.Time   // "gcra": theoretical arrival time of the next request
 	requests []Request
 }
 
+// clock returns the time now.
+func (v *Vendor) clock() time.Time {
+	if v.now != nil {
+		return v.now()
+	}
+	return time.Now()
+}
+
+// ServeHTTP counts the request against the limit, records it and answers
+// 429 when it is over the limit, else Status (default 200) with a small
+// JSON body.
 func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
+	switch v.Kind {
+	case "", "fixed":
+		v.serveFixed(w, r)
+	case "sliding", "gcra":
+		v.serveQueued(w, r)
+	default:
+		msg := fmt.Sprintf("vendorsim: unknown Kind %q: set Kind to \"fixed\", \"sliding\" or \"gcra\"", v.Kind)
+		v.mu.Lock()
+		v.record(v.clock(), r, http.StatusInternalServerError)
+		v.mu.Unlock()
+		http.Error(w, msg, http.StatusInternalServerError)
+	}
+}
+
+// record appends a request to the record; v.mu must be held.
+func (v *Vendor) record(at time.Time, r *http.Request, status int) {
+	v.requests = append(v.requests, Request{At: at, Method: r.Method, Path: r.URL.RequestURI(), Key: r.Header.Get("Idempotency-Key"), Status: status})
+}
+
+// serveFixed serves a request under the "fixed" kind.
+func (v *Vendor) serveFixed(w http.ResponseWriter, r *http.Request) {
+	now := v.clock()
 	k := (now.UnixNano() - int64(v.Phase)) / int64(v.Window)
 	v.mu.Lock()
 	if k != v.window {
@@ -64,7 +123,7 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if v.Status != nil {
 		status = v.Status(r)
 	}
-	v.requests = append(v.requests, Request{At: now, Method: r.Method, Path: r.URL.RequestURI(), Key: r.Header.Get("Idempotency-Key"), Status: status})
+	v.record(now, r, status)
 	remaining := max(v.Rate-v.count, 0)
 	v.mu.Unlock()
 	if v.Hang != nil {
@@ -73,7 +132,7 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	end := time.Unix(0, (k+1)*int64(v.Window)+int64(v.Phase))
-	reset := int(math.Ceil(time.Until(end).Seconds()))
+	reset := int(math.Ceil(end.Sub(v.clock()).Seconds()))
 	switch v.Headers {
 	case "x-ratelimit":
 		w.Header().Set("X-RateLimit-Limit", strconv.Itoa(v.Rate))
@@ -89,16 +148,118 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", end.Add(time.Second).UTC().Format(http.TimeFormat))
 		case "none":
 		default:
-			w.Header().Set("Retry-After", strconv.Itoa(int(time.Until(end).Seconds())+1))
+			w.Header().Set("Retry-After", strconv.Itoa(int(end.Sub(v.clock()).Seconds())+1))
 		}
 		http.Error(w, "rate limit exceeded", status)
 		return
 	}
+	v.answer(w, r, status)
+}
+
+// serveQueued serves a request under the "sliding" and "gcra" kinds.
+func (v *Vendor) serveQueued(w http.ResponseWriter, r *http.Request) {
+	now := v.clock()
+	v.mu.Lock()
+	var admitted bool
+	var next time.Time
+	if v.Kind == "sliding" {
+		admitted, next = v.admitSliding(now)
+	} else {
+		admitted, next = v.admitGCRA(now)
+	}
+	status := http.StatusOK
+	if !admitted {
+		status = http.StatusTooManyRequests
+	} else if v.Status != nil {
+		status = v.Status(r)
+	}
+	v.record(now, r, status)
+	v.mu.Unlock()
+	if v.Hang != nil {
+		if d := v.Hang(r); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	if !admitted {
+		switch v.RetryAfter {
+		case "date":
+			w.Header().Set("Retry-After", ceilSecond(next).UTC().Format(http.TimeFormat))
+		case "none":
+		default:
+			w.Header().Set("Retry-After", strconv.Itoa(retrySeconds(next.Sub(v.clock()))))
+		}
+		http.Error(w, "rate limit exceeded", status)
+		return
+	}
+	v.answer(w, r, status)
+}
+
+// answer answers an admitted request.
+func (v *Vendor) answer(w http.ResponseWriter, r *http.Request, status int) {
 	if v.Delay > 0 {
 		time.Sleep(v.Delay)
 	}
 	w.WriteHeader(status)
 	fmt.Fprintf(w, `{"ok":%t,"path":%q}`, status < 300, r.URL.Path)
+}
+
+// admitSliding decides a request at now under the sliding log: it is
+// admitted when fewer than Rate admitted requests lie in (now-Window, now].
+// A rejected request gets the time at which the next one would be
+// admitted. v.mu must be held. With Rate 0 or less nothing is admitted.
+func (v *Vendor) admitSliding(now time.Time) (bool, time.Time) {
+	if v.Rate <= 0 {
+		return false, now.Add(v.Window)
+	}
+	if len(v.log) < v.Rate {
+		v.log = append(v.log, now)
+		return true, time.Time{}
+	}
+	oldest := v.log[v.head]
+	if now.Sub(oldest) < v.Window {
+		return false, oldest.Add(v.Window)
+	}
+	v.log[v.head] = now
+	v.head = (v.head + 1) % len(v.log)
+	return true, time.Time{}
+}
+
+// admitGCRA decides a request at now under the generic cell rate
+// algorithm: with emission interval T = Window/Rate and burst tolerance
+// tau = (Burst-1)*T, a request is admitted when now >= TAT-tau, and then
+// TAT becomes max(TAT, now)+T. A rejected request leaves TAT alone and gets
+// TAT-tau, the time at which the next one would be admitted. v.mu must be
+// held. With Rate 0 or less nothing is admitted.
+func (v *Vendor) admitGCRA(now time.Time) (bool, time.Time) {
+	if v.Rate <= 0 {
+		return false, now.Add(v.Window)
+	}
+	t := v.Window / time.Duration(v.Rate)
+	tau := time.Duration(max(v.Burst, 1)-1) * t
+	tat := v.tat
+	if tat.IsZero() || tat.Before(now) {
+		tat = now
+	}
+	if allowAt := tat.Add(-tau); now.Before(allowAt) {
+		return false, allowAt
+	}
+	v.tat = tat.Add(t)
+	return true, time.Time{}
+}
+
+// retrySeconds is a Retry-After delay in whole seconds: d rounded up, and
+// at least 1.
+func retrySeconds(d time.Duration) int {
+	return max(int(math.Ceil(d.Seconds())), 1)
+}
+
+// ceilSecond rounds t up to a whole second, for an HTTP-date that is not
+// earlier than t.
+func ceilSecond(t time.Time) time.Time {
+	if s := t.Truncate(time.Second); s.Before(t) {
+		return s.Add(time.Second)
+	}
+	return t
 }
 
 // Requests returns a copy of every request seen.

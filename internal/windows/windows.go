@@ -42,14 +42,16 @@ func MaxFixed(ts []time.Time, w, phase time.Duration) int {
 	counts := map[int64]int{}
 	best := 0
 	for _, t := range ts {
-		k := floorDiv(t.UnixNano()-int64(phase), int64(w))
+		k := FloorDiv(t.UnixNano()-int64(phase), int64(w))
 		counts[k]++
 		best = max(best, counts[k])
 	}
 	return best
 }
 
-func floorDiv(a, b int64) int64 {
+// FloorDiv is a/b rounded towards minus infinity (b > 0): the index of
+// the window of length b that a falls in.
+func FloorDiv(a, b int64) int64 {
 	q := a / b
 	if (a%b != 0) && ((a < 0) != (b < 0)) {
 		q--

@@ -1,0 +1,153 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// healthEvery is how often a running worker pings Redis.
+const healthEvery = time.Second
+
+// redisHealth is what a worker knows of its Redis: whether it is down
+// (a ping or an operation found it unavailable, and no ping has worked
+// since), and how many warnings were held back meanwhile (asynq logs
+// every failed Redis operation, once per task and per poll).
+type redisHealth struct {
+	log      *slog.Logger
+	down     atomic.Bool // read without mu; written with it
+	heldBack atomic.Int64
+
+	mu    sync.Mutex
+	since time.Time     // when it went down
+	up    chan struct{} // closed when it answers again; nil while up
+}
+
+// failed records that Redis did not answer; the first failure of an
+// outage is logged, the rest are not.
+func (h *redisHealth) failed(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.down.Load() {
+		return
+	}
+	h.down.Store(true)
+	h.since, h.up = time.Now(), make(chan struct{})
+	h.log.Error("Redis does not answer: calls wait for it (nothing is lost, no retry is used); warnings about it are held back until it answers", "err", err)
+}
+
+// answered records that Redis answered; the end of an outage is logged.
+func (h *redisHealth) answered() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.down.Load() {
+		return
+	}
+	h.down.Store(false)
+	close(h.up)
+	h.up = nil
+	h.log.Info("Redis answers again: calls go on", "down_for", time.Since(h.since).Round(time.Millisecond),
+		"warnings_held_back", h.heldBack.Swap(0))
+}
+
+// await waits, at most max, until Redis answers again when it is down.
+// A handler calls it before returning its task to asynq: asynq records a
+// task's end once, and when that write fails its retry of it never
+// succeeds (asynq v0.26 retries with a context already canceled), so the
+// task would come back only through its expired lease, 1-2 minutes
+// later, and run again.
+func (h *redisHealth) await(ctx context.Context, max time.Duration) {
+	h.mu.Lock()
+	up := h.up
+	h.mu.Unlock()
+	if up == nil {
+		return
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-up:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// quiet reports whether a warning about err is to be held back: err says
+// Redis is unavailable, which is logged once per outage.
+func (h *redisHealth) quiet(err error) bool {
+	if !shaper.Unavailable(err) {
+		return false
+	}
+	h.failed(err)
+	h.heldBack.Add(1)
+	return true
+}
+
+// watchRedis pings Redis every healthEvery until ctx ends, so that the end
+// of an outage (and one that no operation met) is seen and logged. Calls
+// wait meanwhile (see asDeferral); nothing is lost.
+func watchRedis(ctx context.Context, rdb redis.UniversalClient, h *redisHealth) {
+	t := time.NewTicker(healthEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, healthEvery)
+		err := rdb.Ping(pctx).Err()
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			h.failed(err)
+		default:
+			h.answered()
+		}
+	}
+}
+
+// asynqLogger sends asynq's logs to slog; while Redis is known to be down
+// it counts asynq's warnings and errors instead (see redisHealth).
+type asynqLogger struct {
+	l      *slog.Logger
+	health *redisHealth
+}
+
+func (a asynqLogger) quiet() bool {
+	if a.health != nil && a.health.down.Load() {
+		a.health.heldBack.Add(1)
+		return true
+	}
+	return false
+}
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...)) }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...)) }
+func (a asynqLogger) Warn(args ...any) {
+	msg := fmt.Sprint(args...)
+	switch {
+	case strings.HasPrefix(msg, "recoverer: could not retry lease expired task") && strings.HasSuffix(msg, "NOT FOUND"):
+		// Every replica's recoverer lists the same expired leases; the
+		// first one takes the task, the others find it gone.
+		a.l.Debug(msg)
+	case !a.quiet():
+		a.l.Warn(msg)
+	}
+}
+func (a asynqLogger) Error(args ...any) {
+	if !a.quiet() {
+		a.l.Error(fmt.Sprint(args...))
+	}
+}
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...)) }

@@ -1,0 +1,82 @@
+package shaper
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestLongFaultSlowRedis stalls the gate's Redis mid-run — CLIENT PAUSE for
+// 2 s, then DEBUG SLEEP for 1 s (the server itself blocked) — under three
+// replicas at 100/s. Grants answered late are given up (a call starts
+// within Tolerance of its tick or not at all), so no window sees more
+// than the limit; callers carry on without errors; and the rate is back
+// within a few seconds of the stall.
+func TestLongFaultSlowRedis(t *testing.T) {
+	redistest.Long(t)
+	srv := redistest.Start(t, "--enable-debug-command", "local")
+	admin := newReplica(t, srv.Addr, "admin", nil).rdb
+	prefix := redistest.Prefix(t)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	var reps []*replica
+	for range 3 {
+		reps = append(reps, newReplica(t, srv.Addr, prefix, nil))
+	}
+	rec := &recorder{}
+	start := time.Now()
+	errs, wait := callUntil(t, reps, "acme", p, 16, start.Add(11*time.Second), rec)
+	ctx := context.Background()
+	time.Sleep(2 * time.Second)
+	pausedAt := time.Now()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", 2000, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(pausedAt.Add(5 * time.Second)))
+	sleptAt := time.Now()
+	if err := admin.Do(ctx, "DEBUG", "SLEEP", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait()
+	ts := rec.times()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+
+	b, _ := reps[0].gate.Bucket("acme", p)
+	st, err := b.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(from, to time.Time) int {
+		n := 0
+		for _, x := range ts {
+			if !x.Before(from) && x.Before(to) {
+				n++
+			}
+		}
+		return n
+	}
+	t.Logf("%d calls, %d failed acquisitions, %d ticks given up late", len(ts), errs.Load(), st.Late)
+	perSecond := func(from time.Time, n int) []int {
+		var out []int
+		for i := range n {
+			out = append(out, count(from.Add(time.Duration(i)*time.Second), from.Add(time.Duration(i+1)*time.Second)))
+		}
+		return out
+	}
+	t.Logf("calls per second from 1 s before the 2 s CLIENT PAUSE: %v; from 1 s before the 1 s DEBUG SLEEP: %v",
+		perSecond(pausedAt.Add(-time.Second), 5), perSecond(sleptAt.Add(-time.Second), 4))
+	checkWindows(t, ts, p, 60)
+	if errs.Load() > 0 {
+		t.Errorf("%d acquisitions failed: a slow Redis is a wait, not an error", errs.Load())
+	}
+	// Recovery: 90% of the rate in the second starting 1.5 s after each
+	// stall ends.
+	if n := count(pausedAt.Add(3500*time.Millisecond), pausedAt.Add(4500*time.Millisecond)); n < 90 { // the pause ended at 2 s
+		t.Errorf("%d calls in the second from 1.5 s after the CLIENT PAUSE ended, want >= 90", n)
+	}
+	if n := count(sleptAt.Add(2500*time.Millisecond), sleptAt.Add(3500*time.Millisecond)); n < 90 { // the sleep ended at 1 s
+		t.Errorf("%d calls in the second from 1.5 s after the DEBUG SLEEP ended, want >= 90", n)
+	}
+}
