@@ -115,6 +115,19 @@ func slidingCount(ok []int64, t, w int64) int {
 	return len(sortedWithin(ok, t-w, t))
 }
 
+// mostInWindow is the most ticks in any window of w (µs) among ts.
+func mostInWindow(ts []int64, w int64) int {
+	s := sortedWithin(ts, -1<<62, 1<<62)
+	best, j := 0, 0
+	for i := range s {
+		for s[i]-s[j] >= w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
 // sortedWithin returns the xs in [from, to), sorted.
 func sortedWithin(xs []int64, from, to int64) []int64 {
 	var out []int64

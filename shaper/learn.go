@@ -225,8 +225,13 @@ func (c *Control) RateLimited(ctx context.Context, p *Permit, r Refusal) (Learne
 		// calls (a vendor that stalls, a network that bunches calls up
 		// by more than any margin) are left alone: each costs one call
 		// and no pause. Frequent ones say it is the rate.
-		refused := len(sortedWithin(limited, tick-w, tick+1))
-		if float64(refused) <= max(1, 0.05*float64(refused+slidingCount(ticks, tick, w))) {
+		// So are bursts of them from a vendor without Retry-After (nginx
+		// limit_req, whose own scheduling delays stamp calls late) that
+		// accepted a full window at the current spacing lately: a rate
+		// cut would not stop them, and each costs one call.
+		refused, accepted := len(sortedWithin(limited, tick-w, tick+1)), slidingCount(ticks, tick, w)
+		bursty := !r.RetryAfter && float64(refused) <= 0.2*float64(refused+accepted) && float64(mostInWindow(ticks, w)) >= 0.95*full-1
+		if bursty || float64(refused) <= max(1, 0.05*float64(refused+accepted)) {
 			// A spacing refusal (no pause beyond Retry-After), and the
 			// ones within its cooldown too.
 			out.InForce = LessonMargin

@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
@@ -57,12 +56,7 @@ func TestWorkerRefusesAnEvictingRedis(t *testing.T) {
 		if err := rdb.ConfigSet(ctx, "maxmemory-policy", sc.policy).Err(); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(shaperBin(t), append([]string{"worker", "--config", cfg}, sc.args...)...)
-		log := &logtest.Buffer{}
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, log := startWorker(t, cfg, sc.args...)
 		waitUntil(t, 20*time.Second, sc.policy+": the worker to start", func() bool { return strings.Contains(log.String(), "worker started") })
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()

@@ -40,18 +40,24 @@ func usedMemory(t *testing.T, rdb *redis.Client) int64 {
 	return 0
 }
 
-// rssKB is a process's resident set (VmRSS, kB).
-func rssKB(pid int) int64 {
+// rssKB is a process's resident set (VmRSS, kB). A process whose RSS
+// cannot be read fails the test: a flat line of zeros would pass.
+func rssKB(t *testing.T, pid int) int64 {
+	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		t.Fatalf("read the worker's RSS: %v", err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-			return n
+			if f := strings.Fields(v); len(f) > 0 {
+				if n, err := strconv.ParseInt(f[0], 10, 64); err == nil && n > 0 {
+					return n
+				}
+			}
 		}
 	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
 	return 0
 }
 
@@ -150,7 +156,7 @@ func TestLongMillionQueuedCalls(t *testing.T) {
 	var rss []int64
 	for range 40 {
 		time.Sleep(time.Second)
-		rss = append(rss, rssKB(w.Process.Pid))
+		rss = append(rss, rssKB(t, w.Process.Pid))
 	}
 	sent := vend.Summarize().DistinctKeys
 	lo, hi := rss[10], rss[10]
