@@ -29,11 +29,11 @@ func EvictionPolicy(ctx context.Context, rdb redis.UniversalClient) (string, err
 	check := func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil {
-			return fmt.Errorf("queue: read maxmemory-policy (INFO memory) from %s: %w", c.Options().Addr, err)
+			return fmt.Errorf("queue: read maxmemory-policy (INFO memory) from %s: %w", serverName(c), err)
 		}
 		p := infoField(info, "maxmemory_policy")
 		if rank(p) > rank(worst) {
-			worst, where = p, c.Options().Addr
+			worst, where = p, serverName(c)
 		}
 		return nil
 	}
@@ -85,4 +85,14 @@ func infoField(info, field string) string {
 		}
 	}
 	return ""
+}
+
+// serverName names the server c talks to in a message: its address, or,
+// for a Sentinel client (whose address go-redis reports as
+// "FailoverClient"), the master it follows.
+func serverName(c *redis.Client) string {
+	if a := c.Options().Addr; a != "FailoverClient" {
+		return a
+	}
+	return "the Sentinel master"
 }

@@ -125,7 +125,7 @@ func callUntil(t *testing.T, reps []*replica, bucket string, p Policy, callers i
 		}
 		for range callers {
 			wg.Go(func() {
-				for time.Now().Before(stop) {
+				for time.Now().Before(stop) && ctx.Err() == nil {
 					if _, err := b.Acquire(ctx); err != nil {
 						errs.Add(1)
 						time.Sleep(50 * time.Millisecond)
@@ -136,6 +136,8 @@ func callUntil(t *testing.T, reps []*replica, bucket string, p Policy, callers i
 			})
 		}
 	}
+	// A test that ends early (a Fatal) stops its callers on the way out.
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	return errs, func() { wg.Wait(); cancel() }
 }
 

@@ -100,10 +100,14 @@ func TestGateStaleCopy(t *testing.T) {
 			}
 			start := time.Now()
 			done := make(chan struct{})
+			onA := bucketOf(a.gate) // on the test's goroutine: it may t.Fatal
 			go func() {
 				defer close(done)
-				run(bucketOf(a.gate), start.Add(3*time.Second))
+				run(onA, start.Add(3*time.Second))
 			}()
+			// A Fatal below ends the test only once A's callers have
+			// stopped (the context ends them).
+			defer func() { cancel(); <-done }()
 			time.Sleep(2600 * time.Millisecond)
 			n := copyKeys(t, a.rdb, b.rdb, prefix) // the replica's copy, 400 ms before the failover
 			time.Sleep(time.Until(start.Add(3 * time.Second)))

@@ -53,7 +53,7 @@ func Unavailable(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") ||
-		strings.Contains(msg, "all sentinels are unreachable") || strings.Contains(msg, "broken pipe")
+		strings.Contains(msg, "all sentinels specified in configuration are unreachable") || strings.Contains(msg, "broken pipe")
 }
 
 type unavailableError struct{ err error }

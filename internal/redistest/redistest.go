@@ -207,6 +207,9 @@ func (s *Server) Restart() error {
 		if err := c.Ping(context.Background()).Err(); err == nil {
 			return nil
 		} else if time.Now().After(deadline) {
+			_ = cmd.Process.Kill() // a server that never answered is not left behind
+			_ = cmd.Wait()
+			s.cmd = nil
 			return fmt.Errorf("redistest: redis-server on %s did not answer: %w", s.Addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)

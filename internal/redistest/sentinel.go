@@ -37,6 +37,14 @@ func StartSentinels(tb testing.TB) *Sentinels {
 	replica := StartReplica(tb, master)
 	s := &Sentinels{MasterName: "shaper-test", Master: master, Replica: replica}
 	dir := tb.TempDir()
+	// Registered before the first start: a failure starting a later
+	// sentinel still stops the ones already running.
+	tb.Cleanup(func() {
+		for _, c := range s.sentinels {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	})
 	for i := range 3 {
 		port, err := freePort()
 		if err != nil {
@@ -57,12 +65,6 @@ func StartSentinels(tb testing.TB) *Sentinels {
 		s.sentinels = append(s.sentinels, cmd)
 		s.Addrs = append(s.Addrs, "127.0.0.1:"+strconv.Itoa(port))
 	}
-	tb.Cleanup(func() {
-		for _, c := range s.sentinels {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-	})
 	// Ready: the replica is in sync and every sentinel knows both the
 	// replica and the other sentinels (or a failover cannot be agreed).
 	deadline := time.Now().Add(20 * time.Second)
