@@ -238,26 +238,26 @@ end
 local last = tonumber(st[1])
 local n = tonumber(st[2]) or 0
 local reason = 1
--- A state holding a plan and no tick yet (calls planned, none granted)
--- lost nothing, unless the group lost its epoch with it.
-if last == nil and (st[6] == false or not epoch or switched) then
-  local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
-  if not epoch or switched or (exp and exp > now) then
-    last = now + horizon
-    n = burst
-    reason = 3
-    st[5] = resetLog(last)
-    redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n, 'run', runid, 'log', st[5])
-    redis.call('HINCRBY', KEYS[3], 'resets', 1)
-  end
-elseif last ~= nil and runid ~= '' and st[8] ~= runid then
-  -- A stale copy: ticks it lacks reach at most now + horizon.
-  last = math.max(last, now + horizon)
+-- Treat the state as lost: its next tick comes at l (the old one may
+-- have granted ticks up to there), its log rebuilt to match.
+local function reset(l)
+  last = l
   n = burst
   reason = 3
   st[5] = resetLog(last)
   redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n, 'run', runid, 'log', st[5])
   redis.call('HINCRBY', KEYS[3], 'resets', 1)
+end
+-- A state holding a plan and no tick yet (calls planned, none granted)
+-- lost nothing, unless the group lost its epoch with it.
+if last == nil and (st[6] == false or not epoch or switched) then
+  local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
+  if not epoch or switched or (exp and exp > now) then
+    reset(now + horizon)
+  end
+elseif last ~= nil and runid ~= '' and st[8] ~= runid then
+  -- A stale copy: ticks it lacks reach at most now + horizon.
+  reset(math.max(last, now + horizon))
 end
 -- Warm-up: the rate ramps from ARGV[27] to the rate over ARGV[26] from
 -- the moment the bucket starts after being idle longer than its window

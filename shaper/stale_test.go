@@ -125,3 +125,78 @@ func TestGateStaleCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestGateMissingStateAfterSwitch: a replica's copy can hold a group's
+// epoch but not yet a bucket's state that the old master had just
+// written. On the server that took over, for a window after the switch, a
+// missing state counts as lost (its first tick waits out the horizon the
+// old server could have reserved up to); on a server that did not switch,
+// a bucket new to a group already in use is granted at once.
+func TestGateMissingStateAfterSwitch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srvA, srvB := redistest.Start(t), redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	a, b := newReplica(t, srvA.Addr, prefix, nil), newReplica(t, srvB.Addr, prefix, nil)
+	p := Policy{Limits: []Limit{{100, time.Second}}}
+	bucket := func(r *replica, group, name string) *Bucket {
+		t.Helper()
+		grp, err := r.gate.Group(group, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bk, err := grp.Bucket(name, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bk
+	}
+	// The first grant of a bucket: how long it took, and the bucket's
+	// resets (states found lost) after it.
+	first := func(bk *Bucket) (time.Duration, int64) {
+		t.Helper()
+		asked := time.Now()
+		if _, err := bk.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(asked)
+		st, err := bk.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return took, st.Resets
+	}
+	onA := bucket(a, "shop", "store-1")
+	for range 20 {
+		if _, err := onA.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// B's copy: the group's epoch, not store-1's state.
+	dump, err := a.rdb.Dump(ctx, onA.keys.epoch).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.RestoreReplace(ctx, onA.keys.epoch, 0, dump).Err(); err != nil {
+		t.Fatal(err)
+	}
+	switched, resets := first(bucket(b, "shop", "store-1"))
+	// The epoch now names B, stamped with the switch: another state of
+	// the group missing on B still counts as lost.
+	after, afterResets := first(bucket(b, "shop", "store-2"))
+	// A group B has served all along: its first bucket starts the epoch
+	// (a first use counts as a loss), its second is new, not lost.
+	first(bucket(b, "mall", "store-1"))
+	fresh, _ := first(bucket(b, "mall", "store-2"))
+	t.Logf("first grant on B: a bucket missing at the switch %s (%d resets), another just after it %s (%d resets); a new bucket of a group B served all along %s",
+		switched, resets, after, afterResets, fresh)
+	if resets < 1 || switched < DefaultHorizon*8/10 {
+		t.Errorf("a state missing at the switch: first grant after %s, %d resets; want it lost (a reset, about %s)", switched, resets, DefaultHorizon)
+	}
+	if afterResets <= resets || after < DefaultHorizon*8/10 {
+		t.Errorf("a state missing just after the switch: first grant after %s, %d resets; want it lost (a reset more, about %s)", after, afterResets, DefaultHorizon)
+	}
+	if fresh > DefaultHorizon/2 {
+		t.Errorf("a bucket new to a group B served all along: first grant after %s; want it at once", fresh)
+	}
+}

@@ -91,17 +91,7 @@ func TestLongFaultRedisOutage(t *testing.T) {
 
 	ts := requestTimes(vend)
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	var resumed time.Duration = -1
-	for i, x := range ts {
-		if x.Before(upAt) {
-			continue
-		}
-		j := sort.Search(len(ts), func(k int) bool { return !ts[k].Before(x.Add(time.Second)) })
-		if j-i >= 45 || j == len(ts) {
-			resumed = x.Sub(upAt)
-			break
-		}
-	}
+	resumed := backAtRate(ts, upAt, 45)
 	duringCalls := 0
 	for _, x := range ts {
 		if x.After(downAt.Add(time.Second)) && x.Before(upAt) {

@@ -30,6 +30,23 @@ func perSecond(ts []time.Time, start time.Time) []int {
 	return out
 }
 
+// backAtRate is how long after from the calls in ts (sorted) first ran at
+// least atLeast in a second: the start of the first such second, or of
+// the run's last second when it ended sooner; -1 when no call came after
+// from.
+func backAtRate(ts []time.Time, from time.Time, atLeast int) time.Duration {
+	for i, x := range ts {
+		if x.Before(from) {
+			continue
+		}
+		j := sort.Search(len(ts), func(k int) bool { return !ts[k].Before(x.Add(time.Second)) })
+		if j-i >= atLeast || j == len(ts) {
+			return x.Sub(from)
+		}
+	}
+	return -1
+}
+
 // TestLongFaultSentinelFailover: a master, a replica and three sentinels;
 // three workers send 1,500 calls at 100/s; the master is SIGKILLed
 // half-way and a sentinel promotes the replica. Nothing enqueued is lost,
@@ -60,21 +77,10 @@ func TestLongFaultSentinelFailover(t *testing.T) {
 	done := time.Now()
 
 	ts := requestTimes(vend)
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
 	t.Logf("calls per second from the start (killed at %.1fs, promoted at %.1fs, done at %.1fs): %v",
 		killedAt.Sub(start).Seconds(), promoted.Sub(start).Seconds(), done.Sub(start).Seconds(), perSecond(ts, start))
-	// Full rate again: the first second-long span after the promotion
-	// with at least 90 calls.
-	var back time.Duration = -1
-	for i, x := range ts {
-		if x.Before(promoted) {
-			continue
-		}
-		j := sort.Search(len(ts), func(k int) bool { return !ts[k].Before(x.Add(time.Second)) })
-		if j-i >= 90 {
-			back = x.Sub(promoted)
-			break
-		}
-	}
+	back := backAtRate(ts, promoted, 90)
 	t.Logf("failover: master killed %.1fs after the start, replica promoted %s later; back at >= 90 calls/s %s after the promotion; done %s after the promotion",
 		killedAt.Sub(start).Seconds(), promoted.Sub(killedAt).Round(time.Millisecond), back.Round(time.Millisecond), done.Sub(promoted).Round(time.Millisecond))
 	reportFault(t, vend, n)
