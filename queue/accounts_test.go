@@ -18,6 +18,21 @@ import (
 	"github.com/shaper-dev/shaper/vendorclients"
 )
 
+// enqueueForAccounts enqueues n calls for each account, interleaved
+// (call i of every account before call i+1 of any).
+func enqueueForAccounts(t *testing.T, c *Client, name string, accounts []string, n int) {
+	t.Helper()
+	var calls []Call
+	for i := range n {
+		for _, a := range accounts {
+			calls = append(calls, Call{Account: a, ID: fmt.Sprintf("%s-%s-%03d", name, a, i), Method: "POST", Path: fmt.Sprintf("/orders/%d", i)})
+		}
+	}
+	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // accountVendors serves /stores/<account>/... from one fixed-window vendor
 // per account, each enforcing perAccount calls per second.
 func accountVendors(t *testing.T, accounts []string, perAccount int) (string, map[string]*vendorsim.Vendor) {
@@ -65,15 +80,7 @@ func TestPerAccountBuckets(t *testing.T) {
 	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}}, PerAccount: true})
 	c := e.newClient()
-	var calls []Call
-	for i := range 20 {
-		for _, a := range accounts {
-			calls = append(calls, Call{Account: a, ID: fmt.Sprintf("%s-%s-%02d", name, a, i), Method: "POST", Path: fmt.Sprintf("/orders/%d", i)})
-		}
-	}
-	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
-		t.Fatal(err)
-	}
+	enqueueForAccounts(t, c, name, accounts, 20)
 	start := time.Now()
 	e.startWorker(nil)
 	waitFor(t, time.Minute, "every account's calls", func() bool {
@@ -322,15 +329,7 @@ func TestAccountEditIsRespaced(t *testing.T) {
 	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}, PerAccount: true})
 	c := e.newClient()
-	var calls []Call
-	for i := range 150 {
-		for _, a := range accounts {
-			calls = append(calls, Call{Account: a, ID: fmt.Sprintf("%s-%s-%03d", name, a, i), Method: "POST", Path: fmt.Sprintf("/orders/%d", i)})
-		}
-	}
-	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
-		t.Fatal(err)
-	}
+	enqueueForAccounts(t, c, name, accounts, 150)
 	var w *Worker
 	e.startWorker(func(x *Worker) { w = x })
 	waitFor(t, 30*time.Second, "the backlogs to flow", func() bool { return len(vends["store-b"].Requests()) >= 40 })
