@@ -27,7 +27,7 @@ var (
 		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet", "warmup", "warmup_from",
 		"per_account", "account_overrides", "total"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
-	limitKeys  = []string{"rate", "window"}
+	limitKeys  = []string{"rate", "window", "spread"}
 	topKeys    = []string{"redis", "worker", "vendors"}
 )
 
@@ -330,7 +330,7 @@ func limits(raw any, fail func(n int, format string, args ...any)) []shaper.Limi
 		sort.Strings(keys)
 		for _, k := range keys {
 			if !slices.Contains(limitKeys, k) {
-				fail(i+1, "unknown key %q; a limit has rate and window", k)
+				fail(i+1, "unknown key %q; a limit has rate, window and spread", k)
 			}
 		}
 		rate, rok := m["rate"].(int64)
@@ -344,7 +344,16 @@ func limits(raw any, fail func(n int, format string, args ...any)) []shaper.Limi
 			fail(i+1, "window = %s: want a positive duration string such as \"1m\" or \"24h\"", rawString(m["window"]))
 			continue
 		}
-		out = append(out, shaper.Limit{Rate: int(rate), Window: w})
+		spread := false
+		if raw, present := m["spread"]; present {
+			b, ok := raw.(bool)
+			if !ok {
+				fail(i+1, "spread = %s: want true (spread the rate evenly over the window) or false (a quota: calls go at the pace of the shorter limits until it is spent)", rawString(raw))
+				continue
+			}
+			spread = b
+		}
+		out = append(out, shaper.Limit{Rate: int(rate), Window: w, Spread: spread})
 	}
 	return out
 }

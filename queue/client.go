@@ -13,6 +13,8 @@ import (
 	"maps"
 	"net/http"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +65,14 @@ type Call struct {
 	// unless Headers set one.
 	Body   json.RawMessage `json:"body,omitempty"`
 	Export string          `json:"export,omitempty"` // the export it belongs to, if any
+	// Cost is the units the call uses of every limit of its bucket (and of
+	// a per-account vendor's total): 1 when 0, at most the smallest rate
+	// among them.
+	Cost int `json:"cost,omitempty"`
+	// Priority is the call's lane: "high" goes ahead of every normal call
+	// of its bucket that has not started yet; "" or "normal" is the
+	// default. High calls can starve normal ones.
+	Priority string `json:"priority,omitempty"`
 
 	line int // its line in a call file (ParseCalls), for errors
 }
@@ -102,7 +112,30 @@ func (c *Call) Validate() error {
 	if len(c.Body) > 0 && !json.Valid(c.Body) {
 		return fmt.Errorf("%w: body is not valid JSON", ErrBadCall)
 	}
+	if c.Cost < 0 {
+		return fmt.Errorf("%w: cost %d: a cost is a whole number of units, at least 1 (the default)", ErrBadCall, c.Cost)
+	}
+	if _, err := ParseLane(c.Priority); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadCall, err)
+	}
 	return nil
+}
+
+// ParseLane reads a priority: "high", or "normal" (also for "").
+func ParseLane(s string) (shaper.Lane, error) {
+	switch s {
+	case "", "normal":
+		return shaper.Normal, nil
+	case "high":
+		return shaper.High, nil
+	}
+	return shaper.Normal, fmt.Errorf("priority %q: want \"high\" or \"normal\" (the default)", s)
+}
+
+// lane is the call's lane (Validate has checked Priority).
+func (c Call) lane() shaper.Lane {
+	l, _ := ParseLane(c.Priority)
+	return l
 }
 
 // ClientConfig configures a Client.
@@ -206,6 +239,9 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err := c.checkAccount(call.Vendor, call.Account); err != nil {
 		return "", err
 	}
+	if err := c.checkCost(call.Vendor, call.Account, call.Cost); err != nil {
+		return "", err
+	}
 	if err := c.Room(ctx, call.Vendor, 1); err != nil {
 		return "", err
 	}
@@ -246,6 +282,9 @@ func (c *Client) plan(ctx context.Context, vendor string, calls []Call) ([]time.
 	}
 	byAccount := map[string][]int{}
 	for i, call := range calls {
+		if call.lane() == shaper.High {
+			continue // a high call goes ahead of the planned ones: it is picked up at once
+		}
 		byAccount[call.Account] = append(byAccount[call.Account], i)
 	}
 	for account, idx := range byAccount {
@@ -269,7 +308,7 @@ func (c *Client) enqueueChecked(ctx context.Context, call Call, at time.Duration
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
-	opts := taskIDOption(call.ID)
+	opts := append(taskIDOption(call.ID), laneOption(call.lane()))
 	if at > 0 {
 		opts = append(opts, asynq.ProcessAt(wholeSecondAfter(time.Now().Add(at))))
 	}
@@ -304,15 +343,63 @@ type Target struct {
 	Account string
 }
 
-// accountHeader carries a task's account (a task of the user's own type
-// has no payload of shaper's).
-const accountHeader = "shaper-account"
+// accountHeader, costHeader and laneHeader carry a task's account, cost
+// and lane (a task of the user's own type has no payload of shaper's).
+const (
+	accountHeader = "shaper-account"
+	costHeader    = "shaper-cost"
+	laneHeader    = "shaper-priority"
+)
+
+// Cost is an option of EnqueueTask: every call the task's handler makes
+// through the vendor's client costs n units of its limits (default 1).
+func Cost(n int) asynq.Option { return costOption(n) }
+
+// Priority is an option of EnqueueTask: the task's lane (shaper.High goes
+// ahead of the vendor's normal tasks that have not started).
+func Priority(l shaper.Lane) asynq.Option { return laneOption(l) }
+
+type costOption int
+
+func (o costOption) String() string          { return fmt.Sprintf("Cost(%d)", int(o)) }
+func (o costOption) Type() asynq.OptionType { return -1 }
+func (o costOption) Value() any              { return int(o) }
+
+type laneOption shaper.Lane
+
+func (o laneOption) String() string          { return fmt.Sprintf("Priority(%s)", shaper.Lane(o)) }
+func (o laneOption) Type() asynq.OptionType { return -2 }
+func (o laneOption) Value() any              { return shaper.Lane(o) }
+
+// callOptions are shaper's options of a task.
+type callOptions struct {
+	cost int
+	lane shaper.Lane
+}
+
+// splitOptions takes shaper's options out of opts, for asynq.
+func splitOptions(opts []asynq.Option) (callOptions, []asynq.Option) {
+	var co callOptions
+	rest := make([]asynq.Option, 0, len(opts))
+	for _, o := range opts {
+		switch o := o.(type) {
+		case costOption:
+			co.cost = int(o)
+		case laneOption:
+			co.lane = shaper.Lane(o)
+		default:
+			rest = append(rest, o)
+		}
+	}
+	return co, rest
+}
 
 // EnqueueTask queues a task of the user's own type on the target vendor's
 // queue (and account's bucket), with shaper's retry budget and retention;
 // opts may override them. Register its handler with Worker.Handle. With
 // WaitReplicas set, the task is queued even when ErrNotReplicated is
-// returned (with its info).
+// returned (with its info). Cost and Priority set what its calls cost and
+// its lane; a cost no limit of the vendor admits is refused.
 func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	info, err := c.enqueueTask(ctx, to, t, opts...)
 	if err != nil {
@@ -327,15 +414,29 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	if err := c.checkAccount(to.Vendor, to.Account); err != nil {
 		return nil, err
 	}
-	if to.Account != "" && t.Type() != TypeCall { // a call's payload names its account
+	call, opts := splitOptions(opts)
+	if t.Type() != TypeCall { // a call's payload names its account, cost and lane
+		if err := c.checkCost(to.Vendor, to.Account, call.cost); err != nil {
+			return nil, err
+		}
 		headers := maps.Clone(t.Headers())
 		if headers == nil {
 			headers = map[string]string{}
 		}
-		headers[accountHeader] = to.Account
-		t = asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+		if to.Account != "" {
+			headers[accountHeader] = to.Account
+		}
+		if call.cost > 1 {
+			headers[costHeader] = strconv.Itoa(call.cost)
+		}
+		if call.lane == shaper.High {
+			headers[laneHeader] = "high"
+		}
+		if len(headers) > 0 {
+			t = asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+		}
 	}
-	all := append([]asynq.Option{asynq.Queue(QueueName(to.Vendor)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
+	all := append([]asynq.Option{asynq.Queue(laneQueue(to.Vendor, call.lane)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
 	info, err := c.aq.EnqueueContext(ctx, t, all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, to.Vendor)
@@ -357,6 +458,9 @@ func (c *Client) checkCalls(vendor string, calls []Call) error {
 		if err == nil {
 			err = c.checkAccount(vendor, calls[i].Account)
 		}
+		if err == nil {
+			err = c.checkCost(vendor, calls[i].Account, calls[i].Cost)
+		}
 		if errors.Is(err, ErrUnknownVendor) {
 			return err
 		}
@@ -369,6 +473,38 @@ func (c *Client) checkCalls(vendor string, calls []Call) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCost checks that a call of cost units to vendor (and account) can
+// ever start: no more than the smallest rate among its bucket's limits
+// and its vendor's total.
+func (c *Client) checkCost(vendor, account string, cost int) error {
+	if cost <= 1 {
+		return nil
+	}
+	v, err := c.vendor(vendor)
+	if err != nil {
+		return err
+	}
+	p := v.Policy
+	if v.PerAccount {
+		p = accountPolicy(v.Policy, v.Overrides, account)
+	}
+	where := "vendor " + vendor
+	if account != "" {
+		where += ", account " + account
+	}
+	limits := p.Limits
+	if v.Total != nil {
+		limits = append(slices.Clone(limits), v.Total.Limits...)
+	}
+	for _, l := range limits {
+		if cost > l.Rate {
+			return fmt.Errorf("%w: cost %d is above %s's limit of %s: a call that costs more than a limit allows in its window could never start; split it, or check the cost",
+				ErrBadCall, cost, where, l)
+		}
+	}
+	return nil
 }
 
 // checkAccount checks that a call to vendor names an account exactly when
@@ -469,7 +605,10 @@ type QueueStats struct {
 	Active    int64 // held by a worker: waiting for a tick or calling
 	Scheduled int64
 	Retry     int64         // waiting for a retry (failures, and waits sent back to the queue)
-	Oldest    time.Duration // age of the oldest pending call (0: none)
+	Oldest    time.Duration // age of the oldest pending call of the normal lane (0: none)
+	// HighPending counts the pending calls of the high lane (in Pending
+	// too); Active and Retry count both lanes.
+	HighPending int64
 }
 
 // QueueStats reads a vendor's queue: one round trip, and one more for the
@@ -480,11 +619,13 @@ func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, err
 
 func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool) (QueueStats, error) {
 	key := func(name string) string { return queueKey(vendor, name) }
+	hkey := func(name string) string { return highQueueKey(vendor, name) }
 	pipe := c.rdb.Pipeline()
 	pending := pipe.LLen(ctx, key("pending"))
 	active := pipe.LLen(ctx, key("active"))
 	scheduled := pipe.ZCard(ctx, key("scheduled"))
 	retry := pipe.ZCard(ctx, key("retry"))
+	hpending, hactive, hretry := pipe.LLen(ctx, hkey("pending")), pipe.LLen(ctx, hkey("active")), pipe.ZCard(ctx, hkey("retry"))
 	var oldest *redis.StringCmd
 	if withOldest {
 		oldest = pipe.LIndex(ctx, key("pending"), -1)
@@ -492,7 +633,8 @@ func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return QueueStats{}, fmt.Errorf("queue: count %s's queue: %w", vendor, err)
 	}
-	st := QueueStats{Pending: pending.Val(), Active: active.Val(), Scheduled: scheduled.Val(), Retry: retry.Val()}
+	st := QueueStats{Pending: pending.Val() + hpending.Val(), Active: active.Val() + hactive.Val(), Scheduled: scheduled.Val(),
+		Retry: retry.Val() + hretry.Val(), HighPending: hpending.Val()}
 	if oldest != nil && oldest.Val() != "" {
 		if ns, err := c.rdb.HGet(ctx, key("t:"+oldest.Val()), "pending_since").Int64(); err == nil && ns > 0 {
 			st.Oldest = max(time.Since(time.Unix(0, ns)), 0)

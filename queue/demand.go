@@ -111,15 +111,19 @@ func (w *Worker) pollWork(ctx context.Context, ww *workWatch) ([]string, error) 
 // internal/base scheme).
 func queueKey(vendor, name string) string { return "asynq:{" + QueueName(vendor) + "}:" + name }
 
-// waitingCounts returns, for each vendor, how many tasks its queue holds
-// (pending, active, scheduled and retry): one pipelined round trip.
+// highQueueKey is queueKey of the vendor's high lane.
+func highQueueKey(vendor, name string) string { return "asynq:{" + HighQueueName(vendor) + "}:" + name }
+
+// waitingCounts returns, for each vendor, how many tasks its queues (both
+// lanes) hold (pending, active, scheduled and retry): one pipelined round
+// trip.
 func waitingCounts(ctx context.Context, rdb redis.UniversalClient, vendors []string) ([]int64, error) {
 	pipe := rdb.Pipeline()
-	cmds := make([][4]*redis.IntCmd, len(vendors))
+	cmds := make([][8]*redis.IntCmd, len(vendors))
 	for i, v := range vendors {
-		cmds[i] = [4]*redis.IntCmd{
-			pipe.LLen(ctx, queueKey(v, "pending")), pipe.LLen(ctx, queueKey(v, "active")),
-			pipe.ZCard(ctx, queueKey(v, "scheduled")), pipe.ZCard(ctx, queueKey(v, "retry")),
+		for j, key := range []func(string, string) string{queueKey, highQueueKey} {
+			cmds[i][4*j], cmds[i][4*j+1] = pipe.LLen(ctx, key(v, "pending")), pipe.LLen(ctx, key(v, "active"))
+			cmds[i][4*j+2], cmds[i][4*j+3] = pipe.ZCard(ctx, key(v, "scheduled")), pipe.ZCard(ctx, key(v, "retry"))
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -127,7 +131,9 @@ func waitingCounts(ctx context.Context, rdb redis.UniversalClient, vendors []str
 	}
 	out := make([]int64, len(vendors))
 	for i, c := range cmds {
-		out[i] = c[0].Val() + c[1].Val() + c[2].Val() + c[3].Val()
+		for _, n := range c {
+			out[i] += n.Val()
+		}
 	}
 	return out, nil
 }

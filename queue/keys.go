@@ -3,8 +3,22 @@ package queue
 // Keys of the queue package. The gate's own keys are in shaper/keys.go;
 // asynq's are asynq's.
 
-// QueueName is the asynq queue of a vendor's bucket.
+import "github.com/shaper-dev/shaper/shaper"
+
+// QueueName is the asynq queue of a vendor's bucket (its normal lane).
 func QueueName(vendor string) string { return "vendor:" + bucketName(vendor) }
+
+// HighQueueName is the asynq queue of a vendor's high lane: a worker
+// takes its tasks before any of QueueName's (strict priority).
+func HighQueueName(vendor string) string { return QueueName(vendor) + ":high" }
+
+// laneQueue is the asynq queue of a lane of vendor.
+func laneQueue(vendor string, lane shaper.Lane) string {
+	if lane == shaper.High {
+		return HighQueueName(vendor)
+	}
+	return QueueName(vendor)
+}
 
 // bucketName names the gate bucket of a vendor. Every bucket is named
 // here, so that a bucket per (vendor, account) can come without touching

@@ -92,7 +92,7 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 			for i := next.Add(1); i <= n; i = next.Add(1) {
 				b, err := grp.Bucket("store-"+strconv.FormatInt(i, 10), p)
 				if err == nil {
-					_, err = b.reserve(ctx)
+					_, err = b.reserve(ctx, Request{})
 				}
 				if err != nil {
 					t.Error(err)

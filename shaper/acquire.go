@@ -2,6 +2,8 @@ package shaper
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	mrand "math/rand/v2"
 	"time"
 )
@@ -31,6 +33,47 @@ func (p *Permit) Release(ctx context.Context) error {
 	return p.bucket.giveUp(ctx, lease, "", 0)
 }
 
+// Lane is a call's priority within its bucket: a high call goes ahead of
+// every normal call that has not started yet. Every limit holds for both
+// lanes together, and high calls can starve normal ones.
+type Lane int
+
+const (
+	Normal Lane = iota
+	High
+)
+
+func (l Lane) String() string {
+	if l == High {
+		return "high"
+	}
+	return "normal"
+}
+
+// Request is what one call asks of its bucket.
+type Request struct {
+	// Cost is the units the call uses of every limit of its bucket and of
+	// its group's total: 1 (the default, also for 0) up to the smallest
+	// rate among them (Bucket.MaxCost).
+	Cost int
+	Lane Lane
+	// MaxWait bounds the wait, as for AcquireWithin (0: no bound).
+	MaxWait time.Duration
+}
+
+// ErrCost is returned for a cost no limit of the bucket can admit.
+var ErrCost = errors.New("shaper: invalid cost")
+
+// MaxCost is the largest cost a call of the bucket can have: the
+// smallest rate of its limits and of its group's total.
+func (b *Bucket) MaxCost() int {
+	m := b.policy.MaxCost()
+	if b.total != nil {
+		m = min(m, b.totalPolicy.MaxCost())
+	}
+	return m
+}
+
 // Acquire blocks until the caller may start one call, and returns a permit
 // for it. It keeps the bucket's contract: a call starts within Tolerance of
 // its tick or not at all; a caller that wakes later gives the tick up and
@@ -46,6 +89,24 @@ func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
 // long to wait before trying again. A granted tick is at most the policy's
 // Horizon away and is always waited out. maxWait <= 0 means no bound.
 func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
+	return b.Ask(ctx, Request{MaxWait: maxWait})
+}
+
+// AcquireN is Acquire for a call that costs n units of every limit.
+func (b *Bucket) AcquireN(ctx context.Context, n int) (*Permit, error) {
+	p, _, err := b.Ask(ctx, Request{Cost: n})
+	return p, err
+}
+
+// Ask is AcquireWithin for a call of any cost and lane (see Request).
+func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, error) {
+	if req.Cost == 0 {
+		req.Cost = 1
+	}
+	if m := b.MaxCost(); req.Cost < 1 || req.Cost > m {
+		return nil, 0, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", ErrCost, req.Cost, b.name, m)
+	}
+	maxWait := req.MaxWait
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
@@ -57,7 +118,7 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 			return nil, 0, ctx.Err()
 		}
 		sent := clock.Now()
-		r, err := b.reserve(ctx)
+		r, err := b.reserve(ctx, req)
 		recv := clock.Now()
 		<-l.asking
 		if err != nil {

@@ -18,7 +18,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
 func TestLowerAndRaiseRate(t *testing.T) {
 	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
 	clk := fakeRedisTime(g, testEpoch)
-	p := Policy{Limits: []Limit{{100, 100 * time.Millisecond}}, Guard: 5 * time.Millisecond,
+	p := Policy{Limits: []Limit{{Rate: 100, Window: 100 * time.Millisecond}}, Guard: 5 * time.Millisecond,
 		Adapt: Adapt{Quiet: 300 * time.Millisecond, Probe: 5 * time.Second}}
 	b, err := g.Bucket("acme", p)
 	if err != nil {
@@ -82,7 +82,7 @@ func TestLowerAndRaiseRate(t *testing.T) {
 func TestRaiseRateClearsAtTheConfiguredRate(t *testing.T) {
 	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
 	clk := fakeRedisTime(g, testEpoch)
-	b, err := g.Bucket("acme", Policy{Limits: []Limit{{10, 50 * time.Millisecond}}, Guard: time.Millisecond,
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 10, Window: 50 * time.Millisecond}}, Guard: time.Millisecond,
 		Adapt: Adapt{Quiet: 100 * time.Millisecond, Increase: 0.5, Probe: 150 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestRaiseRateClearsAtTheConfiguredRate(t *testing.T) {
 func TestAnnounce(t *testing.T) {
 	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
 	clk := fakeRedisTime(g, testEpoch)
-	p := Policy{Limits: []Limit{{100, time.Second}}, Horizon: 50 * time.Millisecond}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond}
 	b, err := g.Bucket("acme", p)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestStatsCountsTheLastMinute(t *testing.T) {
 	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
 	// One second into a clock minute: the grants, 1ms apart, all fall in it.
 	clk := fakeRedisTime(g, testEpoch+time.Second.Microseconds())
-	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1000, time.Second}}, NoGuard: true, Horizon: time.Minute})
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, NoGuard: true, Horizon: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +217,8 @@ func TestReplicasDisagree(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := fakeRedisTime(g, now.UnixMicro())
-	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{100, time.Second}}, Horizon: 50 * time.Millisecond})
-	slow, _ := g.Bucket("acme", Policy{Limits: []Limit{{25, time.Second}}, Horizon: 50 * time.Millisecond})
+	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	slow, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
 	ctx := context.Background()
 	if err := fast.Control().Heartbeat(ctx, "new"); err != nil {
 		t.Fatal(err)

@@ -47,12 +47,12 @@ func BenchmarkRedisCPU(b *testing.B) {
 	}
 	b.Run("gate", func(b *testing.B) {
 		g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(b)})
-		bucket, err := g.Bucket("cpu", Policy{Limits: []Limit{{1_000_000, time.Second}}, NoGuard: true, Horizon: time.Hour})
+		bucket, err := g.Bucket("cpu", Policy{Limits: []Limit{{Rate: 1_000_000, Window: time.Second}}, NoGuard: true, Horizon: time.Hour})
 		if err != nil {
 			b.Fatal(err)
 		}
 		measure(b, func() error {
-			r, err := bucket.reserve(ctx)
+			r, err := bucket.reserve(ctx, Request{})
 			if err == nil && !r.ok && r.reason != stateReset {
 				b.Fatalf("deferred: %+v", r)
 			}

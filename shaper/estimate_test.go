@@ -28,7 +28,7 @@ func simulateLearning(t *testing.T, kind string, cfg, limit int, phase time.Dura
 	var log []int64 // sliding: accepted calls
 	var tat int64   // gcra
 	for now < end {
-		iv, _ := tickFor([]Limit{{cfg, time.Second}}, 1, time.Duration(guard)*time.Microsecond, rate)
+		iv, _ := tickFor([]Limit{{Rate: cfg, Window: time.Second}}, 1, time.Duration(guard)*time.Microsecond, rate)
 		admit := false
 		switch kind {
 		case "fixed":

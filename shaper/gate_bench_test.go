@@ -40,12 +40,12 @@ func BenchmarkReserve(b *testing.B) {
 			hook := &countHook{}
 			rdb.AddHook(hook)
 			g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(b)})
-			bucket, err := g.Bucket("bench", Policy{Limits: []Limit{{1_000_000, time.Second}}, NoGuard: true, Horizon: time.Hour})
+			bucket, err := g.Bucket("bench", Policy{Limits: []Limit{{Rate: 1_000_000, Window: time.Second}}, NoGuard: true, Horizon: time.Hour})
 			if err != nil {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
-			if _, err := bucket.reserve(ctx); err != nil { // first use: state reset
+			if _, err := bucket.reserve(ctx, Request{}); err != nil { // first use: state reset
 				b.Fatal(err)
 			}
 			var granted atomic.Int64
@@ -55,7 +55,7 @@ func BenchmarkReserve(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					r, err := bucket.reserve(ctx)
+					r, err := bucket.reserve(ctx, Request{})
 					if err != nil {
 						b.Error(err)
 						return

@@ -207,7 +207,7 @@ func grantTicks(t *testing.T, b *Bucket, clk *redisClock, n int) []int64 {
 		if tries > 2*n+10 {
 			t.Fatalf("%d grants after %d reservations", len(ticks), tries)
 		}
-		r, err := b.reserve(ctx)
+		r, err := b.reserve(ctx, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,12 +257,12 @@ func TestGateWindowSafety(t *testing.T) {
 		calls    int
 		minUtil  float64
 	}{
-		{"few per window", Policy{Limits: []Limit{{10, 200 * ms}}}, 4, 4, 200, 0.98},
-		{"100 per second", Policy{Limits: []Limit{{100, time.Second}}}, 4, 8, 400, 0.98},
-		{"2000 per second", Policy{Limits: []Limit{{2000, time.Second}}}, 4, 16, 4000, 0.98},
-		{"two limits", Policy{Limits: []Limit{{20, 100 * ms}, {50, time.Second}}}, 4, 4, 200, 0.98},
-		{"burst 10", Policy{Limits: []Limit{{200, time.Second}}, Burst: 10}, 4, 8, 1000, 0.95},
-		{"burst 4 with two limits", Policy{Limits: []Limit{{8, 100 * ms}, {60, time.Second}}, Burst: 4}, 4, 4, 320, 0.95},
+		{"few per window", Policy{Limits: []Limit{{Rate: 10, Window: 200 * ms}}}, 4, 4, 200, 0.98},
+		{"100 per second", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}, 4, 8, 400, 0.98},
+		{"2000 per second", Policy{Limits: []Limit{{Rate: 2000, Window: time.Second}}}, 4, 16, 4000, 0.98},
+		{"two limits", Policy{Limits: []Limit{{Rate: 20, Window: 100 * ms}, {Rate: 50, Window: time.Second, Spread: true}}}, 4, 4, 200, 0.98},
+		{"burst 10", Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}, Burst: 10}, 4, 8, 1000, 0.95},
+		{"burst 4 with two limits", Policy{Limits: []Limit{{Rate: 8, Window: 100 * ms}, {Rate: 60, Window: time.Second, Spread: true}}, Burst: 4}, 4, 4, 320, 0.95},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -294,7 +294,7 @@ func TestGateWindowSafety(t *testing.T) {
 func TestGateSkewedClocks(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	var reps []*replica
 	for _, off := range []time.Duration{-2 * time.Second, 0, 700 * time.Millisecond, 3 * time.Second} {
 		reps = append(reps, newReplica(t, addr, prefix, skewedClock{off}))
@@ -314,7 +314,7 @@ func TestGateSkewedClocks(t *testing.T) {
 func TestGateIdleThenBacklog(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
-	p := Policy{Limits: []Limit{{50, 500 * time.Millisecond}}}
+	p := Policy{Limits: []Limit{{Rate: 50, Window: 500 * time.Millisecond}}}
 	reps := []*replica{newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil)}
 	rec := &recorder{}
 	drain(t, reps, "acme", p, 8, 120, rec)
@@ -329,7 +329,7 @@ func TestGateIdleThenBacklog(t *testing.T) {
 func TestGateColdStartNoBurst(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
-	p := Policy{Limits: []Limit{{10, 200 * time.Millisecond}}, Burst: 5}
+	p := Policy{Limits: []Limit{{Rate: 10, Window: 200 * time.Millisecond}}, Burst: 5}
 	var reps []*replica
 	for range 4 {
 		reps = append(reps, newReplica(t, addr, prefix, nil))
@@ -361,7 +361,7 @@ func TestGateSeparateProcesses(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
 	const procs, each = 3, 120
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	var cmds []*exec.Cmd
 	var outs []*strings.Builder
 	for range procs {
@@ -403,7 +403,7 @@ func runHelper() int {
 	window, _ := time.ParseDuration(os.Getenv("HELPER_WINDOW"))
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("HELPER_ADDR")})
 	defer rdb.Close()
-	b, err := NewGate(rdb, Config{KeyPrefix: os.Getenv("HELPER_PREFIX")}).Bucket("acme", Policy{Limits: []Limit{{rate, window}}})
+	b, err := NewGate(rdb, Config{KeyPrefix: os.Getenv("HELPER_PREFIX")}).Bucket("acme", Policy{Limits: []Limit{{Rate: rate, Window: window}}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -446,7 +446,7 @@ func TestGateMaxInFlight(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
 	const leaseTTL = 1500 * time.Millisecond
-	p := Policy{Limits: []Limit{{200, time.Second}}, MaxInFlight: 2, LeaseTTL: leaseTTL}
+	p := Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}, MaxInFlight: 2, LeaseTTL: leaseTTL}
 	reps := []*replica{newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil), newReplica(t, addr, prefix, nil)}
 	ctx := context.Background()
 
@@ -512,7 +512,7 @@ func TestGateMaxInFlight(t *testing.T) {
 func TestGateRedisRestart(t *testing.T) {
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	var reps []*replica
 	for range 3 {
 		reps = append(reps, newReplica(t, srv.Addr, prefix, nil))
@@ -554,19 +554,19 @@ func TestGateRedisRestart(t *testing.T) {
 func TestReserveDeferredIsNotAnError(t *testing.T) {
 	rdb := redistest.Client(t)
 	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1, time.Minute}}, Horizon: 100 * time.Millisecond})
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1, Window: time.Minute}}, Horizon: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	r, err := b.reserve(ctx)
+	r, err := b.reserve(ctx, Request{})
 	if err != nil || r.ok || r.reason != stateReset {
 		t.Fatalf("first reserve on a new bucket = %+v, %v; want deferred for a state reset", r, err)
 	}
-	if _, err := g.Bucket("a{b}", Policy{Limits: []Limit{{1, time.Second}}}); err == nil {
+	if _, err := g.Bucket("a{b}", Policy{Limits: []Limit{{Rate: 1, Window: time.Second}}}); err == nil {
 		t.Error("a bucket name with a hash tag brace was accepted")
 	}
-	if _, err := g.Bucket("acme", Policy{Limits: []Limit{{1, time.Second}}, Burst: 2}); !errors.Is(err, ErrBurstOver) {
+	if _, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1, Window: time.Second}}, Burst: 2}); !errors.Is(err, ErrBurstOver) {
 		t.Errorf("burst over rate: err = %v, want ErrBurstOver", err)
 	}
 }
@@ -580,7 +580,7 @@ func TestGateStateIsSmall(t *testing.T) {
 	}
 	prefix := redistest.Prefix(t)
 	g := NewGate(rdb, Config{KeyPrefix: prefix})
-	b, err := g.Bucket("acme", Policy{Limits: []Limit{{1_000_000, time.Second}}, NoGuard: true, MaxInFlight: 8})
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1_000_000, Window: time.Second}}, NoGuard: true, MaxInFlight: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +600,7 @@ func TestGateStateIsSmall(t *testing.T) {
 	}
 	granted := 0
 	for granted < 5000 {
-		r, err := b.reserve(ctx)
+		r, err := b.reserve(ctx, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -663,7 +663,7 @@ func startWatch(t *testing.T, ctx context.Context, wg *sync.WaitGroup, g *Gate) 
 // watching replicas hold ticks reserved up to a horizon ahead: no call may
 // start inside the pause, on either replica.
 func TestPauseDropsReservedTicks(t *testing.T) {
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	var pausedAt time.Time
@@ -704,7 +704,7 @@ func TestPauseDropsReservedTicks(t *testing.T) {
 // sliding second holds more than the new rate (without the respace, up
 // to a second of calls at 100/s still go out).
 func TestRespaceAppliesAtOnce(t *testing.T) {
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	var changedAt time.Time
@@ -769,8 +769,8 @@ func watchingReplicas(t *testing.T, n int) []*replica {
 // while its callers still wait under the old one: the vendor must see the
 // new rate within a second of the change, without a burst.
 func TestRespaceAppliesARaiseAtOnce(t *testing.T) {
-	slow := Policy{Limits: []Limit{{50, time.Second}}}
-	fast := Policy{Limits: []Limit{{100, time.Second}}}
+	slow := Policy{Limits: []Limit{{Rate: 50, Window: time.Second}}}
+	fast := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

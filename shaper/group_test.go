@@ -35,7 +35,7 @@ func TestStateExpiresAfterIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := b.reserve(ctx)
+	first, err := b.reserve(ctx, Request{})
 	if err != nil || first.ok || first.reason != stateReset {
 		t.Fatalf("first use: %+v, %v; want a state reset (no epoch yet)", first, err)
 	}
@@ -46,7 +46,7 @@ func TestStateExpiresAfterIdle(t *testing.T) {
 		t.Fatalf("gate key TTL %s: want about a window and a guard after its last tick", ttl)
 	}
 	waitGone(t, r, b.keys.gate)
-	again, err := b.reserve(ctx)
+	again, err := b.reserve(ctx, Request{})
 	if err != nil || !again.ok || again.wait > 5*time.Millisecond {
 		t.Fatalf("after idle: %+v, %v; want granted at once", again, err)
 	}
@@ -54,7 +54,7 @@ func TestStateExpiresAfterIdle(t *testing.T) {
 	if err := r.rdb.Del(ctx, b.keys.gate).Err(); err != nil {
 		t.Fatal(err)
 	}
-	lost, err := b.reserve(ctx)
+	lost, err := b.reserve(ctx, Request{})
 	if err != nil || lost.ok || lost.reason != stateReset {
 		t.Fatalf("after a loss: %+v, %v; want a state reset", lost, err)
 	}
@@ -85,7 +85,7 @@ func TestManyBucketsComeAndGo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := b.reserve(ctx)
+		res, err := b.reserve(ctx, Request{})
 		if err != nil || !res.ok {
 			t.Fatalf("bucket %d: %+v, %v: a new bucket of a known group is granted at once", i, res, err)
 		}
@@ -197,7 +197,7 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.reserve(ctx); err != nil { // first use
+	if _, err := b.reserve(ctx, Request{}); err != nil { // first use
 		t.Fatal(err)
 	}
 	lowered, err := b.Control().LowerRate(ctx, "429")
@@ -205,7 +205,7 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 		t.Fatalf("LowerRate = %v, %v; want 70", lowered, err)
 	}
 	now.Add(2 * time.Second.Microseconds()) // a quiet period passes
-	if _, err := b.reserve(ctx); err != nil {
+	if _, err := b.reserve(ctx, Request{}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := b.Stats(ctx)
@@ -293,7 +293,7 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 	}
 	p := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}}, NoGuard: true}
 	old, _ := grp.Bucket("old", p)
-	if _, err := old.reserve(ctx); err != nil { // the group is in service
+	if _, err := old.reserve(ctx, Request{}); err != nil { // the group is in service
 		t.Fatal(err)
 	}
 	before, _ := old.Stats(ctx) // the group's stats: the first use counted a reset
@@ -301,7 +301,7 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 	if _, _, err := fresh.Plan(ctx, 20); err != nil {
 		t.Fatal(err)
 	}
-	res, err := fresh.reserve(ctx)
+	res, err := fresh.reserve(ctx, Request{})
 	if err != nil || !res.ok || res.wait != 0 {
 		t.Fatalf("first call of a planned account: %+v, %v; want granted now", res, err)
 	}
@@ -316,7 +316,7 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 	if err := r.rdb.Del(ctx, lost.keys.epoch).Err(); err != nil { // Redis lost the group
 		t.Fatal(err)
 	}
-	res, err = lost.reserve(ctx)
+	res, err = lost.reserve(ctx, Request{})
 	if err != nil || (res.ok && res.wait < p.withDefaults().Horizon) {
 		t.Errorf("first call after the group's epoch was lost: %+v, %v; want no tick before the horizon", res, err)
 	}

@@ -73,6 +73,10 @@ type bucketKeys struct {
 	// rates is a hash of the asking buckets' own rates, in calls per total
 	// window, for the fair share.
 	rates string
+	// counts is a hash of the counters of the bucket's limits (see
+	// countersLua), and totalCounts the group's, of its total's limits.
+	counts      string
+	totalCounts string
 }
 
 func keysOf(prefix, group, bucket string) bucketKeys {
@@ -85,12 +89,15 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
+		counts: b("counts"), totalCounts: g("total_counts"),
 	}
 }
 
-// all lists every key, in the order the reserve and stats scripts take.
-func (k bucketKeys) all() []string {
-	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates, k.slots, k.ticks}
+// reserve lists the reserve script's keys, in the order of
+// reserveKeyNames.
+func (k bucketKeys) reserve() []string {
+	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates,
+		k.slots, k.ticks, k.counts, k.totalCounts}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.

@@ -23,7 +23,7 @@ func TestMarginHoldsThroughABurstOfSpacingRefusals(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b, err := g.Bucket(name, Policy{Limits: []Limit{{100, time.Second}}, Guard: 100 * time.Millisecond})
+			b, err := g.Bucket(name, Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 100 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}

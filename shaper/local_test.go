@@ -72,7 +72,7 @@ func TestProcessStateIsBounded(t *testing.T) {
 
 	// A new bucket waits out its horizon (1ms here) before its first grant;
 	// the tolerance covers a slow round trip on a busy test machine.
-	fast := Policy{Limits: []Limit{{1_000_000, time.Second}}, NoGuard: true, Horizon: time.Millisecond, Tolerance: time.Second}
+	fast := Policy{Limits: []Limit{{Rate: 1_000_000, Window: time.Second}}, NoGuard: true, Horizon: time.Millisecond, Tolerance: time.Second}
 	const buckets, callers = 10_000, 32
 	var next atomic.Int64
 	var users sync.WaitGroup
@@ -108,7 +108,7 @@ func TestProcessStateIsBounded(t *testing.T) {
 	// first tick). Pauses of buckets without callers here, used before or
 	// never, come first; the pause of the waiting caller's bucket last, so
 	// once g has heard of it, it has heard of them all.
-	slow := Policy{Limits: []Limit{{1, time.Hour}}}
+	slow := Policy{Limits: []Limit{{Rate: 1, Window: time.Hour}}}
 	waiting, err := g.Bucket("waiting", slow)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/shaper-dev/shaper/internal/durations"
@@ -18,13 +19,88 @@ const (
 	minTolerance    = time.Millisecond
 )
 
-// Limit is one limit a vendor enforces: at most Rate calls in any Window.
+// Limit is one limit a vendor enforces: at most Rate units (calls, or
+// their costs) in any Window.
+//
+// The primary limit (a policy's first) and every limit whose window is
+// not longer than the primary's are spaced: the bucket's tick keeps each
+// of them (see Policy.Tick). A longer limit is a quota, unless Spread is
+// set: calls go out at the pace of the spaced limits until Rate units
+// were used in the last Window, then wait until calls leave it. Spread
+// makes a longer limit spaced too, its rate spread evenly over its
+// window.
 type Limit struct {
 	Rate   int
 	Window time.Duration
+	Spread bool
 }
 
 func (l Limit) String() string { return fmt.Sprintf("%d per %s", l.Rate, durations.Format(l.Window)) }
+
+// Quota reports whether limit i of p is a quota rather than spaced.
+func (p Policy) Quota(i int) bool {
+	return i > 0 && i < len(p.Limits) && !p.Limits[i].Spread && p.Limits[i].Window > p.Limits[0].Window
+}
+
+// spaced returns the limits the tick keeps: all but the quotas.
+func (p Policy) spaced() []Limit {
+	out := make([]Limit, 0, len(p.Limits))
+	for i, l := range p.Limits {
+		if !p.Quota(i) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// MaxCost is the largest cost a call of p can have: the smallest rate
+// of its limits (a call above it could never start).
+func (p Policy) MaxCost() int {
+	m := 0
+	for i, l := range p.Limits {
+		if i == 0 || l.Rate < m {
+			m = l.Rate
+		}
+	}
+	return m
+}
+
+// limitSlots is how many slots a limit's counter divides its window
+// into: a count errs on the safe side by at most one slot, so a quota
+// gives up at most 1/limitSlots of its window (under 2%).
+const limitSlots = 60
+
+// limitSpec is the limits of p as the reserve script reads them
+// (parse_limits): "kind:rate:span:slot" for each. A quota (kind q) counts
+// over its window + guard in slots of 1/limitSlots of it, which may hold
+// its oldest calls up to one slot longer than the vendor does. A spaced
+// limit is counted too, so that calls of any cost keep it: with a guard
+// (kind c) over window + guard less one slot, in slots no longer than the
+// guard, so that the count covers every window and never holds back
+// calls of one unit at the tick (TestCostsKeepEveryLimit); without a
+// guard (kind s) over the window, checked for calls above one unit only.
+func limitSpec(p Policy) string {
+	var b strings.Builder
+	for i, l := range p.Limits {
+		span := (l.Window + p.Guard).Microseconds()
+		slot := max((span+limitSlots-1)/limitSlots, 1)
+		kind := 'q'
+		switch {
+		case p.Quota(i):
+		case p.Guard > 0:
+			kind = 'c'
+			slot = min(slot, p.Guard.Microseconds())
+			span -= slot
+		default:
+			kind = 's'
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%c:%d:%d:%d", kind, l.Rate, span, slot)
+	}
+	return b.String()
+}
 
 // Policy says how one bucket is shaped. The zero values of the optional
 // fields select the documented defaults.
@@ -133,7 +209,7 @@ func (p Policy) withDefaults() Policy {
 // every interval, up to burst calls per tick. See tickFor for the rule.
 func (p Policy) Tick() (interval time.Duration, burst int) {
 	p = p.withDefaults()
-	return tickFor(p.Limits, p.Burst, p.Guard, 0)
+	return tickFor(p.spaced(), p.Burst, p.Guard, 0)
 }
 
 // WithRate returns the schedule of p with its primary limit lowered to rate
@@ -145,8 +221,8 @@ func (p Policy) Tick() (interval time.Duration, burst int) {
 // wider of the two. TestLuaTickMatchesGo keeps this and the script equal.
 func (p Policy) WithRate(rate float64) (interval time.Duration, burst int) {
 	p = p.withDefaults()
-	configured, _ := tickFor(p.Limits, p.Burst, p.Guard, 0)
-	interval, burst = tickFor(p.Limits, p.Burst, p.Guard, rate)
+	configured, _ := tickFor(p.spaced(), p.Burst, p.Guard, 0)
+	interval, burst = tickFor(p.spaced(), p.Burst, p.Guard, rate)
 	return max(interval, configured), burst
 }
 

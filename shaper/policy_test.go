@@ -18,17 +18,17 @@ func TestPolicyTick(t *testing.T) {
 		wantIv    time.Duration
 		wantBurst int
 	}{
-		{"100/s default guard 20ms", Policy{Limits: []Limit{{100, time.Second}}}, 0, 10200 * time.Microsecond, 1},
-		{"100/s burst 10", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms, Burst: 10}, 0, 100500 * time.Microsecond, 10},
-		{"burst not dividing rate uses floor(rate/burst) ticks", Policy{Limits: []Limit{{10, time.Second}}, Guard: 5 * ms, Burst: 3}, 0, 335 * ms, 3},
-		{"no guard 2000/s", Policy{Limits: []Limit{{2000, time.Second}}, NoGuard: true}, 0, 500 * time.Microsecond, 1},
-		{"rounds up to the microsecond", Policy{Limits: []Limit{{3, time.Second}}, NoGuard: true}, 0, 333334 * time.Microsecond, 1},
-		{"two limits: widest spacing", Policy{Limits: []Limit{{20, 100 * ms}, {50, time.Second}}, Guard: 5 * ms}, 0, 20100 * time.Microsecond, 1},
-		{"two limits: short one binds", Policy{Limits: []Limit{{5, 100 * ms}, {100, time.Second}}, Guard: 5 * ms}, 0, 21 * ms, 1},
-		{"lowered rate", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms}, 50, 20100 * time.Microsecond, 1},
-		{"lowered below one per window", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms, Burst: 5}, 0.5, 2010 * ms, 1},
-		{"lowered below burst shrinks burst", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms, Burst: 10}, 2.5, 1005 * ms, 2},
-		{"raise is ignored", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms}, 500, 10050 * time.Microsecond, 1},
+		{"100/s default guard 20ms", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}, 0, 10200 * time.Microsecond, 1},
+		{"100/s burst 10", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms, Burst: 10}, 0, 100500 * time.Microsecond, 10},
+		{"burst not dividing rate uses floor(rate/burst) ticks", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Burst: 3}, 0, 335 * ms, 3},
+		{"no guard 2000/s", Policy{Limits: []Limit{{Rate: 2000, Window: time.Second}}, NoGuard: true}, 0, 500 * time.Microsecond, 1},
+		{"rounds up to the microsecond", Policy{Limits: []Limit{{Rate: 3, Window: time.Second}}, NoGuard: true}, 0, 333334 * time.Microsecond, 1},
+		{"two limits spread: widest spacing", Policy{Limits: []Limit{{Rate: 20, Window: 100 * ms}, {Rate: 50, Window: time.Second, Spread: true}}, Guard: 5 * ms}, 0, 20100 * time.Microsecond, 1},
+		{"two limits spread: short one binds", Policy{Limits: []Limit{{Rate: 5, Window: 100 * ms}, {Rate: 100, Window: time.Second, Spread: true}}, Guard: 5 * ms}, 0, 21 * ms, 1},
+		{"lowered rate", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms}, 50, 20100 * time.Microsecond, 1},
+		{"lowered below one per window", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms, Burst: 5}, 0.5, 2010 * ms, 1},
+		{"lowered below burst shrinks burst", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms, Burst: 10}, 2.5, 1005 * ms, 2},
+		{"raise is ignored", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms}, 500, 10050 * time.Microsecond, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,7 +54,7 @@ func TestTickKeepsEveryLimit(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		var limits []Limit
 		for range 1 + rng.IntN(3) {
-			limits = append(limits, Limit{Rate: 1 + rng.IntN(200), Window: time.Duration(1+rng.IntN(2000)) * time.Millisecond})
+			limits = append(limits, Limit{Rate: 1 + rng.IntN(200), Window: time.Duration(1+rng.IntN(2000)) * time.Millisecond, Spread: true})
 		}
 		minRate := limits[0].Rate
 		for _, l := range limits {
@@ -87,14 +87,14 @@ func TestPolicyValidate(t *testing.T) {
 		p    Policy
 		want error
 	}{
-		{"ok", Policy{Limits: []Limit{{100, time.Second}}, Guard: 5 * ms, Burst: 100}, nil},
+		{"ok", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms, Burst: 100}, nil},
 		{"no limits", Policy{}, ErrNoLimits},
-		{"zero rate", Policy{Limits: []Limit{{0, time.Second}}, Guard: 5 * ms}, ErrBadLimit},
-		{"zero window", Policy{Limits: []Limit{{10, 0}}, Guard: 5 * ms}, ErrBadLimit},
-		{"burst over rate", Policy{Limits: []Limit{{10, time.Second}}, Guard: 5 * ms, Burst: 11}, ErrBurstOver},
-		{"burst over an extra limit", Policy{Limits: []Limit{{100, time.Second}, {5, 100 * time.Millisecond}}, Guard: 5 * ms, Burst: 6}, ErrBurstOver},
-		{"guard as long as the window", Policy{Limits: []Limit{{10, 5 * time.Millisecond}}, Guard: 5 * time.Millisecond}, ErrBadDuration},
-		{"negative", Policy{Limits: []Limit{{10, time.Second}}, Guard: 5 * ms, Tolerance: -1}, ErrBadDuration},
+		{"zero rate", Policy{Limits: []Limit{{Rate: 0, Window: time.Second}}, Guard: 5 * ms}, ErrBadLimit},
+		{"zero window", Policy{Limits: []Limit{{Rate: 10, Window: 0}}, Guard: 5 * ms}, ErrBadLimit},
+		{"burst over rate", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Burst: 11}, ErrBurstOver},
+		{"burst over an extra limit", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 5, Window: 100 * time.Millisecond}}, Guard: 5 * ms, Burst: 6}, ErrBurstOver},
+		{"guard as long as the window", Policy{Limits: []Limit{{Rate: 10, Window: 5 * time.Millisecond}}, Guard: 5 * time.Millisecond}, ErrBadDuration},
+		{"negative", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Tolerance: -1}, ErrBadDuration},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

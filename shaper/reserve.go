@@ -19,6 +19,7 @@ const (
 	beyondHorizon                    // the next tick is further than the horizon: backlog or pause
 	inFlightFull                     // max_in_flight slots are all taken
 	stateReset                       // the state was missing (first use or lost): waiting out the horizon
+	behindHigh                       // a call of the high lane waits for a tick
 )
 
 // reservation is the answer of one round trip to the gate.
@@ -72,417 +73,753 @@ local function extend(key, untilv, now)
 end
 `
 
-// reserveScript reserves the next tick of one bucket, and of its group's
-// total when it has one.
+// countersLua defines the counters every limit keeps (see limitSpec):
+// at most rate units in any span (the limit's window + guard), counted
+// in slots of width slot µs. In the hash key, field id..':'..j holds the
+// units of the calls whose tick is in [j*slot, (j+1)*slot), id..':sum'
+// their sum, id..':low' the oldest slot that may still count and
+// id..':top' the newest written. A call counts until its slot's end has
+// left the span, so a count errs on the safe side by at most one slot
+// (1/limitSlots of the window), and the state is at most
+// (span + horizon) / slot + 5 fields whatever the rate.
+const countersLua = `
+local function fmt(x) return string.format('%d', x) end
+
+-- parse_limits(spec) reads "kind:rate:span:slot,..." (see limitSpec:
+-- kind q a quota, c a spaced limit counted for every call, s one
+-- counted for calls above one unit).
+local function parse_limits(spec)
+  local out = {}
+  for kind, rate, span, slot in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+)') do
+    out[#out + 1] = {id = tostring(#out + 1), kind = kind, rate = tonumber(rate), span = tonumber(span), slot = tonumber(slot)}
+  end
+  return out
+end
+
+local function slot_fields(c, from, to)
+  local f = {}
+  for j = from, to do f[#f + 1] = c.id .. ':' .. fmt(j) end
+  return f
+end
+
+-- slots_in(key, c, from, to): the counted slots of c from from to to, as
+-- a list of {j, units} in order. A short range is read field by field; a
+-- long one (after an idle spell, or slots much shorter than the horizon)
+-- from the whole hash, whose fields are at most the grants of a span and
+-- a horizon.
+local function slots_in(key, c, from, to)
+  local out = {}
+  if to < from then return out end
+  if to - from <= 128 then
+    local vals = redis.call('HMGET', key, unpack(slot_fields(c, from, to)))
+    for i, v in ipairs(vals) do
+      if v then out[#out + 1] = {from + i - 1, tonumber(v)} end
+    end
+    return out
+  end
+  local all = redis.call('HGETALL', key)
+  local prefix = '^' .. c.id .. ':(%-?%d+)$'
+  for i = 1, #all, 2 do
+    local j = tonumber(string.match(all[i], prefix))
+    if j and j >= from and j <= to then out[#out + 1] = {j, tonumber(all[i + 1])} end
+  end
+  table.sort(out, function(x, y) return x[1] < y[1] end)
+  return out
+end
+
+local function drop_slots(key, c, slots)
+  local f = {}
+  for _, s in ipairs(slots) do f[#f + 1] = c.id .. ':' .. fmt(s[1]) end
+  for i = 1, #f, 500 do redis.call('HDEL', key, unpack(f, i, math.min(i + 499, #f))) end
+end
+
+-- counter_load(key, c, now, write) reads counter c and drops the slots no
+-- window ending at or after now holds (when write is true).
+local function counter_load(key, c, now, write)
+  local f = redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top', c.id .. ':fill')
+  c.sum = tonumber(f[1]) or 0
+  c.top = tonumber(f[3])
+  c.fill = tonumber(f[4]) or 0
+  local low = tonumber(f[2])
+  local j0 = math.floor((now - c.span) / c.slot)
+  c.low = j0
+  if low == nil or c.top == nil then c.sum = 0 return end
+  if low >= j0 then c.low = low return end
+  local gone = slots_in(key, c, low, math.min(j0 - 1, c.top))
+  if c.top < j0 then
+    c.sum = 0
+  else
+    for _, s in ipairs(gone) do c.sum = c.sum - s[2] end
+  end
+  if write then
+    drop_slots(key, c, gone)
+    redis.call('HSET', key, c.id .. ':sum', c.sum, c.id .. ':low', fmt(j0))
+  end
+end
+
+-- counter_free_at(key, c, cost, now) is the earliest moment c admits
+-- cost more units: now when they fit, else when enough counted slots
+-- have left the span.
+local function counter_free_at(key, c, cost, now)
+  local need = c.sum + cost - c.rate
+  if need <= 0 or c.top == nil then return now end
+  for _, s in ipairs(slots_in(key, c, c.low, c.top)) do
+    need = need - s[2]
+    if need <= 0 then return (s[1] + 1) * c.slot + c.span end
+  end
+  return (c.top + 1) * c.slot + c.span
+end
+
+-- counter_add(key, c, t, cost, keep) counts cost units at tick t; the
+-- key outlives the slot's end by keep.
+local function counter_add(key, c, t, cost, keep, now)
+  local j = math.floor(t / c.slot)
+  redis.call('HINCRBY', key, c.id .. ':' .. fmt(j), cost)
+  c.sum = c.sum + cost
+  if c.top == nil or j > c.top then
+    c.top = j
+    redis.call('HSET', key, c.id .. ':sum', c.sum, c.id .. ':low', fmt(c.low), c.id .. ':top', fmt(j))
+    extend(key, (j + 1) * c.slot + keep, now)
+  else
+    redis.call('HSET', key, c.id .. ':sum', c.sum)
+  end
+end
+
+-- counter_fill(key, c, t) counts c as spent at t: what a lost state may
+-- have granted. The fill is kept apart (id..':fill') so that a count the
+-- vendor announces can replace it (see observeScript).
+local function counter_fill(key, c, t, now)
+  local j = math.floor(t / c.slot)
+  if c.top then drop_slots(key, c, slots_in(key, c, c.low, c.top)) end
+  c.low = math.floor((now - c.span) / c.slot)
+  c.sum, c.top, c.fill = c.rate, j, c.rate
+  redis.call('HSET', key, c.id .. ':' .. fmt(j), c.rate, c.id .. ':sum', c.rate, c.id .. ':low', fmt(c.low),
+    c.id .. ':top', fmt(j), c.id .. ':fill', c.rate, c.id .. ':fill_j', fmt(j))
+  extend(key, (j + 1) * c.slot + c.span, now)
+end
+`
+
+// reserveKeyNames names the reserve script's KEYS, in order: the
+// script binds each to a local k_<name>, and bucketKeys.reserve returns
+// them in this order (TestReserveScriptBindings keeps the three equal).
+var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "replicas", "epoch", "expiry", "total",
+	"asking", "rates", "slots", "ticks", "counts", "total_counts"}
+
+// reserveArgs are the reserve script's ARGV, in order: the script binds
+// each to a local a_<lua tag> (TestReserveScriptBindings).
+type reserveArgs struct {
+	Now         int64  `lua:"now"`           // Redis time override (µs; 0: TIME)
+	Interval    int64  `lua:"interval"`      // tick interval (µs) of the caller's policy
+	Burst       int    `lua:"burst"`         // units per tick of the caller's policy
+	Horizon     int64  `lua:"horizon"`       // µs: no tick is reserved further ahead
+	MaxInFlight int    `lua:"max_in_flight"` // 0: no cap
+	LeaseTTL    int64  `lua:"lease_ttl"`     // µs, counted from the tick
+	Lease       string `lua:"lease"`         // lease id ("" without a cap)
+	Span        int64  `lua:"span"`          // the primary limit's window + guard (µs)
+	ReplicaLive int64  `lua:"replica_live"`  // µs: configured ticks older than this do not count
+	Keep        int64  `lua:"keep"`          // µs the state outlives its last tick
+	Member      string `lua:"member"`        // the bucket's name in its group ("" for a group of one)
+	Replica     string `lua:"replica"`       // the caller's replica id ("" for none)
+	// The group's total ("" and zeros without one).
+	TotalInterval int64   `lua:"total_interval"` // µs
+	TotalBurst    int     `lua:"total_burst"`
+	TotalSpan     int64   `lua:"total_span"`   // its primary window + guard (µs)
+	TotalRate     float64 `lua:"total_rate"`   // calls per total window
+	OwnRate       float64 `lua:"own_rate"`     // the bucket's own rate per total window
+	Ring          int64   `lua:"ring"`         // slots of the total's ring bitmap (0: a line of ticks)
+	LogLen        int64   `lua:"log_len"`      // ticks kept in the bucket's log (0: none)
+	Rate          float64 `lua:"rate"`         // the configured primary rate
+	RaiseStep     float64 `lua:"raise_step"`   // see raiseLua
+	Quiet         int64   `lua:"quiet"`        // µs, see raiseLua
+	Probe         int64   `lua:"probe"`        // µs, see raiseLua
+	TickLog       int     `lua:"tick_log"`     // length of the ticks list (0: keep none)
+	Window        int64   `lua:"window"`       // the primary limit's window (µs)
+	Warmup        int64   `lua:"warmup"`       // µs; 0: none
+	WarmupFrom    float64 `lua:"warmup_from"`  // calls per primary window
+	Cost          int     `lua:"cost"`         // units the call uses of every limit
+	High          bool    `lua:"high"`         // the call is in the high lane
+	Limits        string  `lua:"limits"`       // the bucket's limits (limitSpec)
+	TotalLimits   string  `lua:"total_limits"` // the total's limits (limitSpec; "" without one)
+}
+
+// argv returns the arguments in the order of the struct's fields.
+func (a reserveArgs) argv() []any {
+	high := 0
+	if a.High {
+		high = 1
+	}
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
+		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
+		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
+		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits}
+}
+
+// reserveScript reserves the next tick of one call, of its bucket and of
+// its group's total when it has one. The model: a bucket has limits, each
+// spaced (its calls one tick apart, the tick from the spaced limits, see
+// tickFor) or a quota (counted, see countersLua); a call starts at the
+// earliest tick every limit of its bucket and of its total admits its
+// cost at. Each step below is one function; the main part at the end
+// calls them in order.
 //
-// KEYS: the bucket's gate, control, group stats, in-flight and replicas
-// keys, then the group's epoch, expiry, total, asking and rates keys (see
-// keys.go).
-// ARGV[1] Redis time override (µs; 0: TIME), see nowLua
-// ARGV[2] tick interval (µs) of the caller's policy
-// ARGV[3] burst of the caller's policy
-// ARGV[4] horizon (µs): no tick is reserved further ahead than this
-// ARGV[5] max in flight (0: no cap)
-// ARGV[6] lease TTL (µs), counted from the tick
-// ARGV[7] lease id ("" without a cap)
-// ARGV[8] the primary limit's window + guard (µs), to space a lowered rate
-// ARGV[9] replica liveness (µs): configured ticks older than this do not count
-// ARGV[10] keep (µs): how long the state outlives its last tick
-// ARGV[11] the bucket's name in its group ("" for a group of one)
-// ARGV[12] the caller's replica id ("" for none)
-// ARGV[13] the group's total interval (µs; 0: no total), ARGV[14] its
-// burst, ARGV[15] its window + guard (µs), ARGV[16] its rate (calls per
-// total window), ARGV[17] the bucket's own rate in calls per total window
-// ARGV[18] ring size, ARGV[19] log length (see below), ARGV[20..23] the
-// configured rate and adaptation (see raiseLua)
-// ARGV[24] length of the ticks list (0: keep none), ARGV[25] the primary
-// limit's window (µs), ARGV[26] warm-up (µs; 0: none), ARGV[27] the rate
-// it starts at (calls per primary window)
 // Returns {granted (0|1), wait (µs), reason, tick (µs), tolerance (µs; 0:
 // the policy's)}: when granted, wait is the time from Redis now to the
 // tick; when not, the time before asking again and reason says why (see
 // deferReason). A tolerance is returned when a margin was learned (see
 // Control.RateLimited).
-var reserveScript = redis.NewScript(nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + `
-local now = now_us()
-local interval = tonumber(ARGV[2])
-local burst = tonumber(ARGV[3])
-local horizon = tonumber(ARGV[4])
-local maxif = tonumber(ARGV[5])
-local keep = tonumber(ARGV[10])
-local member = ARGV[11]
-local tiv = tonumber(ARGV[13])
+var reserveScript = redis.NewScript(minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua + reserveLua)
 
--- While replicas disagree on the config (a rolling edit), the most
--- conservative tick among those granted one lately wins.
--- Each replica records the tick of every policy it grants under (a
--- reload leaves callers of the old policy waiting beside the new ones), so
--- a lowered rate applies to all of them at once.
-if ARGV[12] ~= '' then
-  redis.call('HSET', KEYS[5], ARGV[12] .. '|' .. ARGV[2] .. '|' .. ARGV[3], ARGV[2] .. '|' .. ARGV[3] .. '|' .. string.format('%d', now))
+// reserveLua is the main part of the reserve script.
+const reserveLua = `-- Each step of the model is a function of its inputs, defined before the
+-- bindings below so that a call of the script creates no closure over
+-- them; the main part at the end binds KEYS and ARGV and calls the
+-- steps in order.
+
+-- redis_now(override): Redis TIME in µs, or the override when positive.
+local function redis_now(override)
+  if override and override > 0 then return override end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local peers = redis.call('HGETALL', KEYS[5])
-for i = 2, #peers, 2 do
-  local iv, b, seen = string.match(peers[i], '^(%d+)|(%d+)|(%d+)$')
-  if iv and now - tonumber(seen) < tonumber(ARGV[9]) then
-    if tonumber(iv) > interval then interval = tonumber(iv) end
-    if tonumber(b) < burst then burst = tonumber(b) end
-  elseif iv and now - tonumber(seen) > 12 * tonumber(ARGV[9]) then
-    redis.call('HDEL', KEYS[5], peers[i - 1])
+
+-- peer_tick: while replicas disagree on the config (a rolling edit), the
+-- most conservative tick among those granted one lately wins. Each
+-- replica records the tick of every policy it grants under (entry: its
+-- own tick as passed, iv_s|burst_s), so a lowered rate applies to all
+-- of them at once. A hash this makes anew expires in keep_ms (keep_alive
+-- extends it with the rest).
+local function peer_tick(key, replica, iv_s, burst_s, live, keep_ms, now)
+  local interval, burst = tonumber(iv_s), tonumber(burst_s)
+  if replica ~= '' then
+    local added = redis.call('HSET', key, replica .. '|' .. iv_s .. '|' .. burst_s, iv_s .. '|' .. burst_s .. '|' .. fmt(now))
+    if added == 1 and redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, keep_ms) end
   end
+  local peers = redis.call('HGETALL', key)
+  for i = 2, #peers, 2 do
+    local iv, b, seen = string.match(peers[i], '^(%d+)|(%d+)|(%d+)$')
+    if iv and now - tonumber(seen) < live then
+      interval = math.max(interval, tonumber(iv))
+      burst = math.min(burst, tonumber(b))
+    elseif iv and now - tonumber(seen) > 12 * live then
+      redis.call('HDEL', key, peers[i - 1])
+    end
+  end
+  return interval, burst
 end
 
-local ctl = redis.call('HMGET', KEYS[2], 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
-local paused = tonumber(ctl[1]) or 0
-local rate = tonumber(ctl[2])
-if rate and ctl[3] == 'learned' then
-  local r = raise_rate(KEYS[2], now, tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23]))
-  if r == 0 then rate = nil elseif r then rate = r end
-end
-if rate and rate > 0 then
-  local iv, b = spacing(rate, burst, tonumber(ARGV[8]))
-  if iv > interval then interval = iv end
-  burst = b
-end
--- A guard learned from refusals at the full rate (network jitter, a
--- vendor that enforces spacing) widens the primary limit's spacing.
-local lguard = tonumber(ctl[4])
-if lguard and lguard > 0 then
-  local iv, b = spacing(rate or tonumber(ARGV[20]), burst, tonumber(ARGV[25]) + lguard)
-  if iv > interval then interval = iv end
-  burst = b
+-- adapted_tick: what adaptation set (a lowered or learned rate, a learned
+-- guard from refusals at the full rate: network jitter, a vendor that
+-- enforces spacing) widens the tick. ctl holds the control fields
+-- 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'.
+-- Returns the tick and the adapted rate (nil: the configured one).
+local function adapted_tick(key, ctl, interval, burst, now, cfg, step, quiet, probe, span, window)
+  local rate = tonumber(ctl[2])
+  if rate and ctl[3] == 'learned' then
+    local r = raise_rate(key, now, cfg, step, quiet, probe)
+    if r == 0 then rate = nil elseif r then rate = r end
+  end
+  if rate and rate > 0 then
+    local iv, b = spacing(rate, burst, span)
+    interval = math.max(interval, iv)
+    burst = b
+  end
+  local lguard = tonumber(ctl[4])
+  if lguard and lguard > 0 then
+    local iv, b = spacing(rate or cfg, burst, window + lguard)
+    interval = math.max(interval, iv)
+    burst = b
+  end
+  return interval, burst, rate
 end
 
--- The fair share of the group's total among its buckets with waiting
--- callers (max-min: water-filling), recomputed at most every 250 ms.
-local tburst = tonumber(ARGV[14])
-local fair = 0 -- µs per call at the bucket's fair share (0: the total does not bind)
-if tiv > 0 and member ~= '' then
-  redis.call('ZADD', KEYS[9], now + 2 * math.max(interval, horizon), member)
-  redis.call('HSET', KEYS[10], member, ARGV[17])
-  local sh = redis.call('HMGET', KEYS[8], 'share', 'share_at')
+-- fair_pace: the fair share of the group's total among its buckets with
+-- waiting callers (max-min: water-filling), recomputed at most every
+-- 250 ms, as µs per call (0: the total does not bind).
+local function fair_pace(k_total, k_asking, k_rates, member, own_s, total_rate, total_span, horizon, keep, interval, now)
+  redis.call('ZADD', k_asking, now + 2 * math.max(interval, horizon), member)
+  redis.call('HSET', k_rates, member, own_s)
+  local sh = redis.call('HMGET', k_total, 'share', 'share_at')
   local share = tonumber(sh[1])
   if share == nil or now - (tonumber(sh[2]) or 0) > 250000 then
-    local gone = redis.call('ZRANGEBYSCORE', KEYS[9], '-inf', now, 'LIMIT', 0, 1000)
+    local gone = redis.call('ZRANGEBYSCORE', k_asking, '-inf', now, 'LIMIT', 0, 1000)
     for i = 1, #gone, 500 do
-      redis.call('HDEL', KEYS[10], unpack(gone, i, math.min(i + 499, #gone)))
+      redis.call('HDEL', k_rates, unpack(gone, i, math.min(i + 499, #gone)))
     end
-    if #gone > 0 then redis.call('ZREM', KEYS[9], unpack(gone)) end
-    local asking = redis.call('ZRANGEBYSCORE', KEYS[9], now, '+inf')
+    if #gone > 0 then redis.call('ZREM', k_asking, unpack(gone)) end
+    local asking = redis.call('ZRANGEBYSCORE', k_asking, now, '+inf')
     local rates = {}
     for i = 1, #asking, 500 do
-      local part = redis.call('HMGET', KEYS[10], unpack(asking, i, math.min(i + 499, #asking)))
+      local part = redis.call('HMGET', k_rates, unpack(asking, i, math.min(i + 499, #asking)))
       for _, r in ipairs(part) do rates[#rates + 1] = tonumber(r) or 0 end
     end
     table.sort(rates)
-    local left = tonumber(ARGV[16])
-    share = 0 -- 0: the total does not bind
+    local left = total_rate
+    share = 0
     for i, r in ipairs(rates) do
       local rest = #rates - i + 1
       if r * rest > left then share = left / rest break end
       left = left - r
     end
-    redis.call('HSET', KEYS[8], 'share', tostring(share), 'share_at', string.format('%d', now))
-    extend(KEYS[9], now + 2000000 + keep, now)
-    extend(KEYS[10], now + 2000000 + keep, now)
+    redis.call('HSET', k_total, 'share', tostring(share), 'share_at', fmt(now))
+    extend(k_asking, now + 2000000 + keep, now)
+    extend(k_rates, now + 2000000 + keep, now)
   end
-  if share > 0 and share < tonumber(ARGV[17]) then
-    fair = math.ceil(tonumber(ARGV[15]) / share)
-  end
+  if share > 0 and share < tonumber(own_s) then return math.ceil(total_span / share) end
+  return 0
 end
 
--- A missing state expired after idle (its ticks are all older than a
--- window) or was lost (Redis restarted empty, failed over, evicted): the
--- group's epoch and expiry set tell which. Ticks granted before a loss
--- reach at most now + horizon, so the next tick comes an interval later.
---
--- A state written by another Redis server than this one (a replica
--- promoted by a failover, a restart from a snapshot or an append-only
--- file) may be a stale copy that lacks the last ticks the old server
--- granted: it counts as lost too. The server is told by its run_id
--- (INFO server; new for every server process), kept with the epoch
--- ("run_id|switched_at") and with each state ("run"). For keep after a
--- switch, a missing state counts as lost as well (it may never have
--- reached this server). Where INFO is not allowed, runid is '' and only
--- missing states are detected.
-local runid = ''
-local info = redis.pcall('INFO', 'server')
-if type(info) == 'string' then runid = string.match(info, 'run_id:(%w+)') or '' end
-local ep = redis.call('GET', KEYS[6])
-local epoch = ep ~= false
-local switched = false
-if runid ~= '' then
-  local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
-  if not epoch then
-    redis.call('SET', KEYS[6], runid .. '|0')
-  elseif erun ~= runid then
-    switched = true
-    redis.call('SET', KEYS[6], runid .. '|' .. string.format('%d', now))
-  elseif now - tonumber(eat) < keep then
-    switched = true
+-- server: which Redis server this is and whether it changed. A state
+-- written by another server than this one (a replica promoted by a
+-- failover, a restart from a snapshot or an append-only file) may be a
+-- stale copy that lacks the last ticks the old server granted: it counts
+-- as lost. The server is told by its run_id (INFO server; new for every
+-- server process), kept with the epoch ("run_id|switched_at") and with
+-- each state ("run"). For keep after a switch, a missing state counts as
+-- lost as well (it may never have reached this server). Where INFO is
+-- not allowed, runid is '' and only missing states are detected. The
+-- epoch is set once per group: a state missing while it exists expired
+-- after idle or was lost (the expiry set tells which); with the epoch
+-- missing too, this is a first start or Redis lost everything.
+local function server(k_epoch, keep, now)
+  local runid = ''
+  local info = redis.pcall('INFO', 'server')
+  if type(info) == 'string' then runid = string.match(info, 'run_id:(%w+)') or '' end
+  local ep = redis.call('GET', k_epoch)
+  local epoch = ep ~= false
+  local switched = false
+  if runid ~= '' then
+    local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
+    if not epoch then
+      redis.call('SET', k_epoch, runid .. '|0')
+    elseif erun ~= runid then
+      switched = true
+      redis.call('SET', k_epoch, runid .. '|' .. fmt(now))
+    elseif now - tonumber(eat) < keep then
+      switched = true
+    end
+  elseif not epoch then
+    redis.call('SET', k_epoch, fmt(now))
   end
-elseif not epoch then
-  redis.call('SET', KEYS[6], string.format('%d', now))
+  return runid, epoch, switched
 end
-local st = redis.call('HMGET', KEYS[1], 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run')
--- The log of a state reset at l (see below): its last ticks as if spaced
--- at the bucket's pace up to l, so that the next come at that pace.
-local function resetLog(l)
-  local kk = tonumber(ARGV[19])
-  if kk <= 0 then return '' end
-  local pace = math.ceil(tonumber(ARGV[8]) / kk)
+
+-- log_at(l, k, span): the log of a state reset at l, its last k ticks as
+-- if spaced at the bucket's pace up to l, so that the next come at that
+-- pace.
+local function log_at(l, k, span)
+  if k <= 0 then return '' end
+  local pace = math.ceil(span / k)
   local parts = {}
-  for i = 1, kk do parts[i] = string.format('%d', l - (i - 1) * pace) end
+  for i = 1, k do parts[i] = fmt(l - (i - 1) * pace) end
   return table.concat(parts, ',')
 end
-local last = tonumber(st[1])
-local n = tonumber(st[2]) or 0
-local reason = 1
--- Treat the state as lost: its next tick comes at l (the old one may
--- have granted ticks up to there), its log rebuilt to match.
-local function reset(l)
-  last = l
-  n = burst
-  reason = 3
-  st[5] = resetLog(last)
-  redis.call('HSET', KEYS[1], 'last', string.format('%d', last), 'n', n, 'run', runid, 'log', st[5])
-  redis.call('HINCRBY', KEYS[3], 'resets', 1)
-end
--- A state holding a plan and no tick yet (calls planned, none granted)
--- lost nothing, unless the group lost its epoch with it.
-if last == nil and (st[6] == false or not epoch or switched) then
-  local exp = tonumber(redis.call('ZSCORE', KEYS[7], member))
-  if not epoch or switched or (exp and exp > now) then
-    reset(now + horizon)
-  end
-elseif last ~= nil and runid ~= '' and st[8] ~= runid then
-  -- A stale copy: ticks it lacks reach at most now + horizon.
-  reset(math.max(last, now + horizon))
-end
--- Warm-up: the rate ramps from ARGV[27] to the rate over ARGV[26] from
--- the moment the bucket starts after being idle longer than its window
--- (its state gone, or a pause that long ending).
-local warmup = tonumber(ARGV[26])
-if warmup > 0 then
-  local warm = tonumber(st[7])
-  if st[1] == false and warm == nil then
+
+-- warm_since: the moment a warm-up ramp started (nil: none): when the
+-- bucket starts after being idle longer than its window (its state gone,
+-- or a pause that long ending).
+local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, now)
+  if not had_state and warm == nil then
     warm = last or now -- a lost state's first tick waits the horizon
-    redis.call('HSET', KEYS[1], 'warm', string.format('%d', warm))
+    redis.call('HSET', k_gate, 'warm', fmt(warm))
   end
-  local pfrom = tonumber(ctl[6])
-  if paused > 0 and pfrom and paused - pfrom > tonumber(ARGV[25]) and (warm or 0) < paused then
+  if paused > 0 and pfrom and paused - pfrom > window and (warm or 0) < paused then
     warm = paused
-    redis.call('HSET', KEYS[1], 'warm', string.format('%d', warm))
+    redis.call('HSET', k_gate, 'warm', fmt(warm))
   end
-  if warm and now - warm < warmup then
-    local top = rate or tonumber(ARGV[20])
-    local from = math.min(tonumber(ARGV[27]), top)
-    local r = from + (top - from) * math.max(now - warm, 0) / warmup
-    local span = tonumber(ARGV[8])
-    if lguard and lguard > 0 then span = math.max(span, tonumber(ARGV[25]) + lguard) end
-    local iv, b = spacing(r, burst, span)
-    if iv > interval then interval = iv end
-    burst = math.min(burst, b)
-  end
-end
--- The total: ticks one total interval apart. In slot mode (ARGV[18] > 0)
--- they are slots of a ring bitmap over the horizon, so that a bucket's
--- tick can take any free slot, and ticks reserved ahead by other buckets
--- leave no unused gaps; otherwise (very high totals) a line, like a
--- bucket's own ticks.
-local ring = tonumber(ARGV[18])
-local tlast, tn, blocked = nil, 0, 0
-if tiv > 0 then
-  local ts = redis.call('HMGET', KEYS[8], 'last', 'n', 'cleared', 'blocked', 'run')
-  tlast = tonumber(ts[1])
-  tn = tonumber(ts[2]) or 0
-  blocked = tonumber(ts[4]) or 0
-  if not epoch or (runid ~= '' and (ts[5] or '') ~= runid and (tlast ~= nil or switched)) then
-    -- Lost with the group, or a stale copy: the total's ticks reach at
-    -- most now + horizon.
-    blocked = math.max(blocked, now + horizon)
-    redis.call('DEL', KEYS[11])
-    redis.call('HSET', KEYS[8], 'blocked', string.format('%d', blocked), 'run', runid)
-    if tlast == nil then tlast = blocked; tn = tburst end
-    reason = 3
-  end
-  if ring > 0 then
-    if redis.call('EXISTS', KEYS[11]) == 0 then redis.call('SETBIT', KEYS[11], ring - 1, 0) end
-    local cur = math.floor(now / tiv)
-    local cleared = tonumber(ts[3]) or (cur - 1)
-    if cur - 1 - cleared >= ring then cleared = cur - 1 - ring end
-    for j = cleared + 1, cur - 1 do redis.call('SETBIT', KEYS[11], j % ring, 0) end
-    redis.call('HSET', KEYS[8], 'cleared', string.format('%d', cur - 1))
-  end
+  return warm
 end
 
--- The earliest free total slot at or after t (beyond the horizon if none).
-local function freeSlot(t)
+-- earliest(l, u, iv, b, t, cost): the earliest tick at or after t for a
+-- call of cost units on a line of ticks iv apart, each carrying at most b
+-- units, whose last tick l carries u units. A tick is followed by one
+-- interval per b units it carried, unless charge is false (the counters
+-- keep the units). A respace marks a tick spent (u of a billion, see
+-- respaceScript): one interval follows it.
+local function earliest(l, u, iv, b, t, cost, charge)
+  if l == nil then return t end
+  if t <= l and u + cost <= b then return l end
+  local e = l + iv
+  if charge and u < 1000000000 then e = l + iv * math.max(1, math.ceil(u / b)) end
+  return math.max(t, e)
+end
+
+-- logged(l, u, b, logt, k, span, t, cost): earliest for a bucket that
+-- keeps the log of its last k ticks (in a group with a total): a new
+-- tick comes at least span after the k-th last one, which keeps at most
+-- k ticks in any window while letting a bucket the total pushed later
+-- catch up.
+local function logged(l, u, b, logt, k, span, t, cost)
+  if l ~= nil and t <= l and u + cost <= b then return l end
+  local c = t
+  if l ~= nil and c <= l then c = l + 1 end
+  if #logt >= k then c = math.max(c, logt[k] + span) end
+  return c
+end
+
+-- free_slot: the earliest free slot of the total's ring bitmap at or
+-- after t (beyond the horizon if none).
+local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
   local j = math.ceil(math.max(t, blocked + tiv) / tiv)
   local limit = math.floor((now + horizon) / tiv)
   while j <= limit do
     local pos = j % ring
     local span = math.min(ring - 1 - pos, limit - j)
-    local p = redis.call('BITPOS', KEYS[11], 0, pos, pos + span, 'BIT')
+    local p = redis.call('BITPOS', k_slots, 0, pos, pos + span, 'BIT')
     if p >= 0 and p <= pos + span then return (j + p - pos) * tiv end
     j = j + span + 1
   end
   return (limit + 1) * tiv
 end
 
--- The earliest tick at or after t that a bucket whose last tick is l,
--- granted c times, allows.
-local function earliest(l, c, iv, b, t)
-  if l == nil then return t end
-  if t <= l then
-    if c < b then return l end
-    return l + iv
+-- counters_in_use(all, spaced): the quotas of all, and its spaced limits
+-- when spaced is true.
+local function counters_in_use(all, spaced)
+  if spaced then return all end
+  local out = {}
+  for _, c in ipairs(all) do
+    if c.kind == 'q' then out[#out + 1] = c end
   end
-  if t >= l + iv then return t end
-  return l + iv
+  return out
 end
--- In a group with a total, a bucket keeps its own pace: a virtual time vt
--- one pace apart per call (its fair share's interval, or its own), rather
--- than spacing from its actual ticks, so that a tick the total pushed
--- later does not slow it down further. Its own limit then holds by a log
--- of its last k ticks (k = ticks per window): a new tick comes at least a
--- window + guard after the k-th last one, which keeps at most k ticks in
--- any window (G1) while letting a pushed bucket catch up. The log is used
--- while nothing (a lowered rate, a slower replica) widened the tick and k
--- is small; otherwise the spacing rule holds.
-local k = tonumber(ARGV[19])
+
+-- spaced_span(cs): how long a call stays in the spaced counters of cs.
+local function spaced_span(cs)
+  local w = 0
+  for _, c in ipairs(cs) do
+    if c.kind ~= 'q' then w = math.max(w, c.span + c.slot) end
+  end
+  return w
+end
+
+-- counted_spaced(key, cs, costly_until, l, now): at the first call of
+-- more than one unit after calls of one unit only (costly_until past),
+-- the spaced counters of cs did not count those calls: count each as
+-- spent up to l, the last tick granted (nothing when that is a window
+-- ago).
+local function counted_spaced(key, cs, costly_until, l, now)
+  if costly_until > now or l == nil then return end
+  for _, c in ipairs(cs) do
+    if c.kind ~= 'q' and l + c.span + c.slot > now then counter_fill(key, c, l, now) end
+  end
+end
+
+-- keep_alive: the bucket's keys outlive untilv. They are extended a
+-- little further than asked (a quarter of keep, at most a second), and
+-- only once untilv passes what they were last extended to (kept, in the
+-- gate hash), so that a busy bucket extends them a few times a keep
+-- rather than on every grant.
+local function keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, member, untilv, kept, paused, keep, now)
+  if untilv <= kept then return end
+  untilv = untilv + math.min(1000000, math.floor(keep / 4))
+  extend(k_gate, untilv, now)
+  extend(k_replicas, untilv, now)
+  extend(k_ticks, untilv, now)
+  if redis.call('EXISTS', k_control) == 1 then extend(k_control, math.max(untilv, paused + keep), now) end
+  redis.call('ZADD', k_expiry, 'GT', untilv, member)
+  redis.call('ZREMRANGEBYSCORE', k_expiry, '-inf', now)
+  extend(k_expiry, untilv, now)
+  redis.call('HSET', k_gate, 'kept', fmt(untilv))
+end
+
+-- The main part.
+local k_gate = KEYS[1]
+local k_control = KEYS[2]
+local k_stats = KEYS[3]
+local k_inflight = KEYS[4]
+local k_replicas = KEYS[5]
+local k_epoch = KEYS[6]
+local k_expiry = KEYS[7]
+local k_total = KEYS[8]
+local k_asking = KEYS[9]
+local k_rates = KEYS[10]
+local k_slots = KEYS[11]
+local k_ticks = KEYS[12]
+local k_counts = KEYS[13]
+local k_total_counts = KEYS[14]
+
+local a_now = tonumber(ARGV[1])
+local a_interval = ARGV[2]
+local a_burst = ARGV[3]
+local a_horizon = tonumber(ARGV[4])
+local a_max_in_flight = tonumber(ARGV[5])
+local a_lease_ttl = tonumber(ARGV[6])
+local a_lease = ARGV[7]
+local a_span = tonumber(ARGV[8])
+local a_replica_live = tonumber(ARGV[9])
+local a_keep = tonumber(ARGV[10])
+local a_member = ARGV[11]
+local a_replica = ARGV[12]
+local a_total_interval = tonumber(ARGV[13])
+local a_total_burst = tonumber(ARGV[14])
+local a_total_span = tonumber(ARGV[15])
+local a_total_rate = tonumber(ARGV[16])
+local a_own_rate = ARGV[17]
+local a_ring = tonumber(ARGV[18])
+local a_log_len = tonumber(ARGV[19])
+local a_rate = tonumber(ARGV[20])
+local a_raise_step = tonumber(ARGV[21])
+local a_quiet = tonumber(ARGV[22])
+local a_probe = tonumber(ARGV[23])
+local a_tick_log = tonumber(ARGV[24])
+local a_window = tonumber(ARGV[25])
+local a_warmup = tonumber(ARGV[26])
+local a_warmup_from = tonumber(ARGV[27])
+local a_cost = tonumber(ARGV[28])
+local a_high = ARGV[29] == '1'
+local a_limits = ARGV[30]
+local a_total_limits = ARGV[31]
+
+local now = redis_now(a_now)
+local tiv = a_total_interval
+
+-- 1. The tick: the replicas', widened by adaptation and the fair share.
+local interval, burst = peer_tick(k_replicas, a_replica, a_interval, a_burst, a_replica_live, math.ceil(a_keep / 1000) + 1000, now)
+local ctl = redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
+local rate
+interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, a_rate, a_raise_step, a_quiet, a_probe, a_span, a_window)
+local paused = tonumber(ctl[1]) or 0
+local lguard = tonumber(ctl[4])
+local fair = 0
+if tiv > 0 and a_member ~= '' then
+  fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now)
+end
+
+-- 2. The state, and whether it was lost.
+local runid, epoch, switched = server(k_epoch, a_keep, now)
+local st = redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept')
+local last = tonumber(st[1])
+local n = tonumber(st[2]) or 0
+local logs = st[5]
+local reason = 1
+-- The counters in use: every quota's, and the spaced limits' while calls
+-- of more than one unit come (costly_until: a span after the last one).
+-- Calls of one unit alone are kept by the spacing; the spaced counters
+-- start at the first costlier call, counting the window before it as
+-- full (see counted_spaced).
+local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st[11]) or 0) > now)
+local totals = {}
+local total_costly = 0
+if tiv > 0 then
+  total_costly = tonumber(redis.call('HGET', k_total, 'costly_until')) or 0
+  totals = counters_in_use(parse_limits(a_total_limits), a_cost > 1 or total_costly > now)
+end
+for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
+for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
+if a_cost > 1 then
+  counted_spaced(k_counts, own, tonumber(st[11]) or 0, last, now)
+  counted_spaced(k_total_counts, totals, total_costly, now + a_horizon, now)
+end
+-- A lost state's next tick comes at l (the old one may have granted
+-- ticks up to there), its log rebuilt to match, every spaced counter
+-- spent up to l, and each quota spent for its window when the loss is
+-- certain (a known server switched, or the state is missing while the
+-- group says it should be there): what the old state granted is unknown.
+local lost, certain = nil, false
+-- A state holding a plan and no tick yet (calls planned, none granted)
+-- lost nothing, unless the group lost its epoch with it.
+if last == nil and (st[6] == false or not epoch or switched) then
+  local exp = tonumber(redis.call('ZSCORE', k_expiry, a_member))
+  if not epoch or switched or (exp and exp > now) then
+    lost, certain = now + a_horizon, switched or (epoch and exp ~= nil and exp > now)
+  end
+elseif last ~= nil and runid ~= '' and st[8] ~= runid then
+  -- A stale copy: ticks it lacks reach at most now + horizon.
+  lost, certain = math.max(last, now + a_horizon), true
+end
+if lost then
+  last, n, reason, logs = lost, burst, 3, log_at(lost, a_log_len, a_span)
+  redis.call('HSET', k_gate, 'last', fmt(last), 'n', n, 'run', runid, 'log', logs)
+  redis.call('HINCRBY', k_stats, 'resets', 1)
+  for _, c in ipairs(own) do
+    if c.kind ~= 'q' or certain then counter_fill(k_counts, c, lost, now) end
+  end
+end
+
+-- 3. Warm-up: the rate ramps from warmup_from to the rate over warmup.
+if a_warmup > 0 then
+  local warm = warm_since(k_gate, st[1] ~= false, tonumber(st[7]), last, paused, tonumber(ctl[6]), a_window, now)
+  if warm and now - warm < a_warmup then
+    local top = rate or a_rate
+    local from = math.min(a_warmup_from, top)
+    local r = from + (top - from) * math.max(now - warm, 0) / a_warmup
+    local span = a_span
+    if lguard and lguard > 0 then span = math.max(span, a_window + lguard) end
+    local iv, b = spacing(r, burst, span)
+    interval = math.max(interval, iv)
+    burst = math.min(burst, b)
+  end
+end
+
+-- 4. The total: ticks one total interval apart. In slot mode (ring > 0)
+-- they are slots of a ring bitmap over the horizon, so that a bucket's
+-- tick can take any free slot, and ticks reserved ahead by other buckets
+-- leave no unused gaps; otherwise (very high totals) a line, like a
+-- bucket's own ticks.
+local tlast, tn, blocked = nil, 0, 0
+if tiv > 0 then
+  local ts = redis.call('HMGET', k_total, 'last', 'n', 'cleared', 'blocked', 'run')
+  tlast = tonumber(ts[1])
+  tn = tonumber(ts[2]) or 0
+  blocked = tonumber(ts[4]) or 0
+  local stale = runid ~= '' and (ts[5] or '') ~= runid and (tlast ~= nil or switched)
+  if not epoch or stale then
+    -- Lost with the group, or a stale copy: the total's ticks reach at
+    -- most now + horizon.
+    blocked = math.max(blocked, now + a_horizon)
+    redis.call('DEL', k_slots)
+    redis.call('HSET', k_total, 'blocked', fmt(blocked), 'run', runid)
+    if tlast == nil then tlast = blocked; tn = a_total_burst end
+    reason = 3
+    for _, c in ipairs(totals) do
+      if c.kind ~= 'q' or stale then counter_fill(k_total_counts, c, blocked, now) end
+    end
+  end
+  if a_ring > 0 then
+    if redis.call('EXISTS', k_slots) == 0 then redis.call('SETBIT', k_slots, a_ring - 1, 0) end
+    local cur = math.floor(now / tiv)
+    local cleared = tonumber(ts[3]) or (cur - 1)
+    if cur - 1 - cleared >= a_ring then cleared = cur - 1 - a_ring end
+    for j = cleared + 1, cur - 1 do redis.call('SETBIT', k_slots, j % a_ring, 0) end
+    redis.call('HSET', k_total, 'cleared', fmt(cur - 1))
+  end
+end
+
+-- 5. Lanes: while a high call waits for a tick, normal calls step aside.
+local hi_until = tonumber(st[9]) or 0
+if not a_high and hi_until > now then
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  return {0, math.min(hi_until - now, math.max(interval, 5000)), 4, 0, 0}
+end
+
+-- 6. The counters: a call starts once every counter admits its cost (a
+-- spaced limit without a guard is kept by the spacing alone for calls of
+-- one unit, and is not counted for them: its line charges a tick's units
+-- instead).
+local tick = math.max(now, paused)
+local charge = false
+for _, c in ipairs(own) do
+  if c.kind ~= 's' or a_cost > 1 then tick = math.max(tick, counter_free_at(k_counts, c, a_cost, now)) end
+  if c.kind == 's' then charge = true end
+end
+for _, c in ipairs(totals) do
+  if c.kind ~= 's' or a_cost > 1 then tick = math.max(tick, counter_free_at(k_total_counts, c, a_cost, now)) end
+end
+
+-- 7. The earliest tick every line admits. In a group with a total, a
+-- bucket keeps its own pace: a virtual time vt one pace apart per unit
+-- (its fair share's interval, or its own), rather than spacing from its
+-- actual ticks, so that a tick the total pushed later does not slow it
+-- down further; its own limit then holds by the log of its last ticks
+-- (logged), used while nothing (a lowered rate, a slower replica)
+-- widened the tick.
+local k = a_log_len
 local logt = {}
-if k > 0 and interval == tonumber(ARGV[2]) and burst == tonumber(ARGV[3]) then
-  for x in string.gmatch(st[5] or '', '%d+') do logt[#logt + 1] = tonumber(x) end
+if k > 0 and interval == tonumber(a_interval) and burst == tonumber(a_burst) then
+  for x in string.gmatch(logs or '', '%d+') do logt[#logt + 1] = tonumber(x) end
 else
   k = 0
 end
-local function earliestOwn(t)
-  if k == 0 then return earliest(last, n, interval, burst, t) end
-  if last ~= nil and t <= last and n < burst then return last end
-  local c = t
-  if last ~= nil and c <= last then c = last + 1 end
-  if #logt >= k then c = math.max(c, logt[k] + tonumber(ARGV[8])) end
-  return c
-end
 local vt = nil
-local tick = math.max(now, paused)
 if tiv > 0 then
-  local pace = math.floor(interval / burst)
-  if fair > pace then pace = fair end
+  local pace = math.max(math.floor(interval / burst), fair)
   vt = math.max(now, (tonumber(st[4]) or 0) + pace)
   tick = math.max(tick, vt)
+  vt = vt + pace * (a_cost - 1)
 end
+-- A bucket held to its fair share reserves only half a horizon ahead, so
+-- that buckets below their share (which keep the whole horizon) find the
+-- total's slots they need before the others take them.
+local horizon = a_horizon
+if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
 for _ = 1, 8 do
-  local a = earliestOwn(tick)
+  local a
+  if k > 0 then a = logged(last, n, burst, logt, k, a_span, tick, a_cost)
+  else a = earliest(last, n, interval, burst, tick, a_cost, charge) end
   local b = a
-  if tiv > 0 and ring > 0 then
-    b = freeSlot(a)
+  if tiv > 0 and a_ring > 0 then
+    b = free_slot(k_slots, a_ring, a, blocked, tiv, horizon, now)
   elseif tiv > 0 then
-    b = earliest(tlast, tn, tiv, tburst, math.max(a, blocked))
+    b = earliest(tlast, tn, tiv, a_total_burst, math.max(a, blocked), 1, true)
   end
   tick = b
   if b == a then break end
 end
 
-local function keepAlive(untilv)
-  extend(KEYS[1], untilv, now)
-  extend(KEYS[5], untilv, now)
-  if redis.call('EXISTS', KEYS[2]) == 1 then extend(KEYS[2], math.max(untilv, paused + keep), now) end
-  redis.call('ZADD', KEYS[7], 'GT', untilv, member)
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
-  extend(KEYS[7], untilv, now)
-end
-
--- A bucket held to its fair share reserves only half a horizon ahead, so
--- that buckets below their share (which keep the whole horizon) find the
--- total's slots they need before the others take them.
-if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
+-- 8. Beyond the horizon, or at the in-flight cap: come back later. Each
+-- deferred caller gets its own moment to come back, one tick apart in
+-- each lane, so that a crowd beyond the horizon polls once per tick in
+-- the order it arrived, not all at once.
 if tick - now > horizon then
-  -- Give each deferred caller its own moment to come back, one tick
-  -- apart, so that a crowd beyond the horizon polls once per tick in
-  -- the order it arrived, not all at once.
-  local at = math.max(tick - horizon, (tonumber(st[3]) or 0) + math.floor(interval / burst))
-  redis.call('HSET', KEYS[1], 'defer_at', string.format('%d', at))
-  keepAlive(math.max(at, last or 0) + keep)
-  redis.call('HINCRBY', KEYS[3], 'deferred', 1)
+  local field, prev = 'defer_at', st[3]
+  if a_high then field, prev = 'hdefer_at', st[10] end
+  local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
+  redis.call('HSET', k_gate, field, fmt(at))
+  if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval)) end
+  keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, a_member, math.max(at, last or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, now)
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {0, at - now, reason, 0, 0}
 end
-if maxif > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
-  if redis.call('ZCARD', KEYS[4]) >= maxif then
-    redis.call('HINCRBY', KEYS[3], 'deferred', 1)
+if a_max_in_flight > 0 then
+  redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
+  if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
+    redis.call('HINCRBY', k_stats, 'deferred', 1)
     return {0, math.max(interval, 5000), 2, 0, 0}
   end
-  local lease = tick + tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[4], string.format('%d', lease), ARGV[7])
-  extend(KEYS[4], lease, now)
+  local lease = tick + a_lease_ttl
+  redis.call('ZADD', k_inflight, fmt(lease), a_lease)
+  extend(k_inflight, lease, now)
 end
+
+-- 9. Grant: the bucket's state, the total's, the counters, the ticks list.
 if tick == last then
-  n = n + 1
+  n = n + a_cost
 else
-  n = 1
+  n = a_cost
   if k > 0 then
     table.insert(logt, 1, tick)
     while #logt > k do table.remove(logt) end
   end
 end
-local fields = {'last', string.format('%d', tick), 'n', n, 'vt', string.format('%d', vt or tick), 'run', runid}
+local fields = {'last', fmt(tick), 'n', n, 'vt', fmt(vt or tick), 'run', runid}
 if k > 0 then
   local parts = {}
-  for i, x in ipairs(logt) do parts[i] = string.format('%d', x) end
+  for i, x in ipairs(logt) do parts[i] = fmt(x) end
   fields[#fields + 1] = 'log'
   fields[#fields + 1] = table.concat(parts, ',')
 end
-redis.call('HSET', KEYS[1], unpack(fields))
-keepAlive(math.max(tick, tonumber(st[3]) or 0) + keep)
+redis.call('HSET', k_gate, unpack(fields))
+if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
+if a_tick_log > 0 then
+  -- A list made anew (a give-up emptied it) is extended at once.
+  if redis.call('LPUSH', k_ticks, fmt(tick)) == 1 then extend(k_ticks, tick + a_keep + 1000000, now) end
+  redis.call('LTRIM', k_ticks, 0, a_tick_log - 1)
+end
+keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, a_member, math.max(tick, tonumber(st[3]) or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, now)
+for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
+if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
   if tick == tlast then tn = tn + 1 else tn = 1 end
-  redis.call('HSET', KEYS[8], 'last', string.format('%d', math.max(tick, tlast or 0)), 'n', tn, 'run', runid)
-  extend(KEYS[8], tick + keep, now)
-  if ring > 0 then
-    redis.call('SETBIT', KEYS[11], math.floor(tick / tiv) % ring, 1)
-    extend(KEYS[11], tick + keep, now)
+  redis.call('HSET', k_total, 'last', fmt(math.max(tick, tlast or 0)), 'n', tn, 'run', runid)
+  extend(k_total, tick + a_keep, now)
+  if a_ring > 0 then
+    redis.call('SETBIT', k_slots, math.floor(tick / tiv) % a_ring, 1)
+    extend(k_slots, tick + a_keep, now)
   end
+  for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
+  if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
 end
-local logn = tonumber(ARGV[24])
-if logn > 0 then
-  redis.call('LPUSH', KEYS[12], string.format('%d', tick))
-  redis.call('LTRIM', KEYS[12], 0, logn - 1)
-  extend(KEYS[12], tick + keep, now)
-end
-count(KEYS[3], 'granted', now)
+count(k_stats, 'granted', now)
 return {1, tick - now, 0, tick, tonumber(ctl[5]) or 0}
-`)
+`
 
-// reserve asks for the next tick in one Redis round trip. Being deferred
-// is not an error: errors mean Redis failed.
-func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
+// reserve asks for the next tick of a call of req in one Redis round
+// trip. Being deferred is not an error: errors mean Redis failed.
+func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) {
 	var lease string
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
 	}
-	a := b.policy.Adapt.withDefaults()
-	cfg := float64(b.policy.Limits[0].Rate)
-	var tiv, tburst, tspan, ring, k int64
-	var trate, own float64
-	if t := b.total; t != nil {
-		tiv, tburst, tspan, trate = t.interval.Microseconds(), int64(t.burst), t.span.Microseconds(), t.rate
-		own = EffectiveRate(b.interval, b.burst, t.window)
-		if n := (b.policy.Horizon+t.interval-1)/t.interval + 4; t.burst == 1 && n <= maxRing {
-			ring = int64(n)
-		}
-		if per := int64(b.policy.Limits[0].Rate / b.burst); len(b.policy.Limits) == 1 && per <= maxLog {
-			k = per
-		}
-	}
-	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.all(), b.gate.redisNow(),
-		b.interval.Microseconds(), b.burst, b.policy.Horizon.Microseconds(),
-		b.policy.MaxInFlight, b.policy.LeaseTTL.Microseconds(), lease,
-		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), replicaLive.Microseconds(),
-		b.keep.Microseconds(), b.member, b.gate.replica, tiv, tburst, tspan, trate, own, ring, k,
-		cfg, cfg*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds(), b.tickLog(), b.policy.Limits[0].Window.Microseconds(),
-		b.policy.Warmup.Microseconds(), b.policy.WarmupFrom).Int64Slice()
+	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), b.reserveArgs(req, lease).argv()...).Int64Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 	}
@@ -495,6 +832,34 @@ func (b *Bucket) reserve(ctx context.Context) (reservation, error) {
 		r.lease = lease
 	}
 	return r, nil
+}
+
+// reserveArgs builds the reserve script's arguments for one call.
+func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
+	p := b.policy
+	a := p.Adapt.withDefaults()
+	cfg := float64(p.Limits[0].Rate)
+	args := reserveArgs{
+		Now: b.gate.redisNow(), Interval: b.interval.Microseconds(), Burst: b.burst, Horizon: p.Horizon.Microseconds(),
+		MaxInFlight: p.MaxInFlight, LeaseTTL: p.LeaseTTL.Microseconds(), Lease: lease,
+		Span: (p.Limits[0].Window + p.Guard).Microseconds(), ReplicaLive: replicaLive.Microseconds(),
+		Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
+		Rate: cfg, RaiseStep: cfg * a.Increase, Quiet: a.Quiet.Microseconds(), Probe: a.Probe.Microseconds(),
+		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
+		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,
+	}
+	if t := b.total; t != nil {
+		args.TotalInterval, args.TotalBurst, args.TotalSpan, args.TotalRate = t.interval.Microseconds(), t.burst, t.span.Microseconds(), t.rate
+		args.OwnRate = EffectiveRate(b.interval, b.burst, t.window)
+		args.TotalLimits = t.limits
+		if n := (p.Horizon+t.interval-1)/t.interval + 4; t.burst == 1 && n <= maxRing {
+			args.Ring = int64(n)
+		}
+		if per := int64(p.Limits[0].Rate / b.burst); len(p.spaced()) == 1 && per <= maxLog {
+			args.LogLen = per
+		}
+	}
+	return args
 }
 
 // giveUpScript frees an in-flight lease, counts a tick given up and takes

@@ -20,7 +20,7 @@ func randomPolicy(rng *rand.Rand) Policy {
 		var p Policy
 		minRate, minWindow := math.MaxInt, time.Duration(math.MaxInt64)
 		for range 1 + rng.IntN(3) {
-			l := Limit{Rate: int(logUniform(1, 100_001)), Window: time.Duration(logUniform(float64(time.Millisecond), float64(24*time.Hour)))}
+			l := Limit{Rate: int(logUniform(1, 100_001)), Window: time.Duration(logUniform(float64(time.Millisecond), float64(24*time.Hour))), Spread: true} // the tick keeps spaced limits; quotas are counted (TestQuota...)
 			p.Limits = append(p.Limits, l)
 			minRate, minWindow = min(minRate, l.Rate), min(minWindow, l.Window)
 		}
@@ -77,9 +77,9 @@ func TestLuaTickMatchesGo(t *testing.T) {
 		rates []float64
 	}
 	tcs := []tc{
-		{Policy{Limits: []Limit{{100, time.Second}}, Burst: 10}, []float64{0, 0.5, 2.5, 40, 100, 500}},
-		{Policy{Limits: []Limit{{100, time.Second}, {10, time.Hour}}, Burst: 10, NoGuard: true}, []float64{5, 0.5}},
-		{Policy{Limits: []Limit{{100, time.Second}, {200, time.Minute}}, Burst: 4, Guard: time.Millisecond}, []float64{3, 0.25}},
+		{Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Burst: 10}, []float64{0, 0.5, 2.5, 40, 100, 500}},
+		{Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 10, Window: time.Hour, Spread: true}}, Burst: 10, NoGuard: true}, []float64{5, 0.5}},
+		{Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 200, Window: time.Minute, Spread: true}}, Burst: 4, Guard: time.Millisecond}, []float64{3, 0.25}},
 	}
 	for range 150 {
 		p := randomPolicy(rng)

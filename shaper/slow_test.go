@@ -20,7 +20,7 @@ func TestLongFaultSlowRedis(t *testing.T) {
 	srv := redistest.Start(t, "--enable-debug-command", "local")
 	admin := newReplica(t, srv.Addr, "admin", nil).rdb
 	prefix := redistest.Prefix(t)
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	var reps []*replica
 	for range 3 {
 		reps = append(reps, newReplica(t, srv.Addr, prefix, nil))

@@ -54,13 +54,13 @@ func TestGateStaleCopy(t *testing.T) {
 	for _, sc := range []struct {
 		name  string
 		total *Policy // the group's total; the bucket's own limit is then 200/s
-	}{{"bucket", nil}, {"group with a total", &Policy{Limits: []Limit{{100, time.Second}}}}} {
+	}{{"bucket", nil}, {"group with a total", &Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}}} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
 			srvA, srvB := redistest.Start(t), redistest.Start(t)
 			prefix := redistest.Prefix(t)
 			a, b := newReplica(t, srvA.Addr, prefix, nil), newReplica(t, srvB.Addr, prefix, nil)
-			p := Policy{Limits: []Limit{{100, time.Second}}}
+			p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 			bucketOf := func(g *Gate) *Bucket {
 				t.Helper()
 				if sc.total == nil {
@@ -74,7 +74,7 @@ func TestGateStaleCopy(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				bk, err := grp.Bucket("store-1", Policy{Limits: []Limit{{200, time.Second}}})
+				bk, err := grp.Bucket("store-1", Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -138,7 +138,7 @@ func TestGateMissingStateAfterSwitch(t *testing.T) {
 	srvA, srvB := redistest.Start(t), redistest.Start(t)
 	prefix := redistest.Prefix(t)
 	a, b := newReplica(t, srvA.Addr, prefix, nil), newReplica(t, srvB.Addr, prefix, nil)
-	p := Policy{Limits: []Limit{{100, time.Second}}}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	bucket := func(r *replica, group, name string) *Bucket {
 		t.Helper()
 		grp, err := r.gate.Group(group, nil)

@@ -123,7 +123,7 @@ func lastMinute(nowUS int64, name string, num func(string) int64) int64 {
 // Stats reads the bucket's state.
 func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	args := append([]any{b.gate.redisNow()}, statsFields...)
-	pairs, err := statsScript.Run(ctx, b.gate.rdb, b.keys.all()[:4], args...).StringSlice()
+	pairs, err := statsScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.control, b.keys.stats, b.keys.inFlight}, args...).StringSlice()
 	if err != nil {
 		return Stats{}, fmt.Errorf("shaper: stats of %q: %w", b.name, err)
 	}

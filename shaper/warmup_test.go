@@ -23,7 +23,7 @@ func perSecond(ts []time.Time, from time.Time, n int) []int {
 // starts near 25 calls per second and climbs to the rate, and G1 holds
 // throughout, in sliding windows and in fixed windows at 50 phases.
 func TestWarmupRamps(t *testing.T) {
-	p := Policy{Limits: []Limit{{100, time.Second}}, Warmup: 3 * time.Second, WarmupFrom: 25}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Warmup: 3 * time.Second, WarmupFrom: 25}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
 	var pausedAt time.Time
@@ -63,15 +63,15 @@ func TestWarmupValidation(t *testing.T) {
 		p    Policy
 		want string
 	}{
-		{Policy{Limits: []Limit{{100, time.Second}}, Warmup: -time.Second}, "must not be negative"},
-		{Policy{Limits: []Limit{{100, time.Second}}, Warmup: time.Second, WarmupFrom: 200}, "warmup_from 200 is above the rate 100"},
+		{Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Warmup: -time.Second}, "must not be negative"},
+		{Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Warmup: time.Second, WarmupFrom: 200}, "warmup_from 200 is above the rate 100"},
 	} {
 		err := tc.p.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err = %v, want %q", tc.p, err, tc.want)
 		}
 	}
-	if got := (Policy{Limits: []Limit{{100, time.Second}}, Warmup: time.Second}).withDefaults().WarmupFrom; got != 25 {
+	if got := (Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Warmup: time.Second}).withDefaults().WarmupFrom; got != 25 {
 		t.Errorf("default warmup_from = %v, want a quarter of the rate", got)
 	}
 }
@@ -84,7 +84,7 @@ func TestStatsSaysWhatSetsTheRate(t *testing.T) {
 	ctx := context.Background()
 	reps := watchingReplicas(t, 1)
 	g := reps[0].gate
-	p := Policy{Limits: []Limit{{200, time.Second}}, Warmup: 500 * time.Millisecond}
+	p := Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}, Warmup: 500 * time.Millisecond}
 	b, err := g.Bucket("acme", p)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestStatsSaysWhatSetsTheRate(t *testing.T) {
 	}
 	// A bucket without warm-up refused 20 calls in: the vendor allows
 	// no more than 20 per second.
-	b, err = g.Bucket("other", Policy{Limits: []Limit{{200, time.Second}}})
+	b, err = g.Bucket("other", Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}})
 	if err != nil {
 		t.Fatal(err)
 	}

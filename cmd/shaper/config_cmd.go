@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -57,6 +58,20 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	fmt.Fprintf(w, "%s: ok, %d vendor(s), redis: %s\n\n", cfg.Path, len(cfg.Vendors), redis)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VENDOR\tAPPLIES TO\tLIMITS\tBURST\tGUARD\tTICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
+	var quotas []string
+	defer func() {
+		tw.Flush()
+		if len(quotas) > 0 {
+			fmt.Fprintf(w, "\nQuotas: calls go at the tick until a quota is spent, then wait until calls leave its window.\n")
+			for _, q := range quotas {
+				fmt.Fprintln(w, "  "+q)
+			}
+		}
+	}()
+	printTick := func(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLimit string) {
+		printTick(tw, vendor, appliesTo, p, queueLimit)
+		quotas = append(quotas, quotaLines(vendor, appliesTo, p)...)
+	}
 	for _, v := range cfg.Vendors {
 		ql := "unbounded"
 		if v.QueueLimit > 0 {
@@ -74,7 +89,24 @@ func printCheck(w io.Writer, cfg *config.Config) {
 			printTick(tw, v.Name, "all accounts (total)", *tp, "")
 		}
 	}
-	tw.Flush()
+}
+
+// quotaLines says, for each quota of p, how long the pace of the tick
+// takes to spend it and what the vendor then gets over the quota's
+// window.
+func quotaLines(vendor, appliesTo string, p shaper.Policy) []string {
+	iv, burst := p.Tick()
+	perSecond := shaper.EffectiveRate(iv, burst, time.Second)
+	var out []string
+	for i, l := range p.Limits {
+		if !p.Quota(i) {
+			continue
+		}
+		spent := time.Duration(float64(l.Rate) / perSecond * float64(time.Second)).Round(time.Second)
+		out = append(out, fmt.Sprintf("%s (%s): %s: spent in %s at %.4g per second, then %d per %s (%.4g per second on average)",
+			vendor, appliesTo, l, durations.Format(spent), perSecond, l.Rate, durations.Format(l.Window), float64(l.Rate)/l.Window.Seconds()))
+	}
+	return out
 }
 
 // printTick prints one row of config check: what a policy applies to and
@@ -88,6 +120,11 @@ func printTick(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLim
 			limits += " and "
 		}
 		limits += l.String()
+		if p.Quota(i) {
+			limits += " (quota)"
+		} else if i > 0 && l.Spread {
+			limits += " (spread)"
+		}
 	}
 	mif := "no cap"
 	if p.MaxInFlight > 0 {

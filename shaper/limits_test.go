@@ -1,0 +1,420 @@
+package shaper
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestReserveScriptBindings checks that the reserve script binds every
+// KEYS and ARGV entry to a named local at its top, in the order Go passes
+// them: the keys as reserveKeyNames and bucketKeys.reserve list them, the
+// arguments as the fields of reserveArgs, which argv returns in order.
+func TestReserveScriptBindings(t *testing.T) {
+	body := reserveLua
+	keys := regexp.MustCompile(`(?m)^local k_(\w+) = KEYS\[(\d+)\]$`).FindAllStringSubmatch(body, -1)
+	var keyNames []string
+	for i, m := range keys {
+		if n, _ := strconv.Atoi(m[2]); n != i+1 {
+			t.Errorf("k_%s binds KEYS[%s], want KEYS[%d]", m[1], m[2], i+1)
+		}
+		keyNames = append(keyNames, m[1])
+	}
+	if !slices.Equal(keyNames, reserveKeyNames) {
+		t.Errorf("the script binds keys %v, Go names %v", keyNames, reserveKeyNames)
+	}
+	if got := len(keysOf("p", "g", "b").reserve()); got != len(reserveKeyNames) {
+		t.Errorf("bucketKeys.reserve passes %d keys, reserveKeyNames has %d", got, len(reserveKeyNames))
+	}
+	if n := len(regexp.MustCompile(`KEYS\[`).FindAllString(body, -1)); n != len(keys) {
+		t.Errorf("KEYS is read %d times, bound %d times: read every key through its local", n, len(keys))
+	}
+
+	args := regexp.MustCompile(`(?m)^local a_(\w+) = (?:tonumber\()?ARGV\[(\d+)\]`).FindAllStringSubmatch(body, -1)
+	typ := reflect.TypeOf(reserveArgs{})
+	if len(args) != typ.NumField() {
+		t.Errorf("the script binds %d arguments, reserveArgs has %d fields", len(args), typ.NumField())
+	}
+	for i, m := range args {
+		if n, _ := strconv.Atoi(m[2]); n != i+1 {
+			t.Errorf("a_%s binds ARGV[%s], want ARGV[%d]", m[1], m[2], i+1)
+		}
+		if i < typ.NumField() && typ.Field(i).Tag.Get("lua") != m[1] {
+			t.Errorf("ARGV[%d] is a_%s in the script, %s (lua:%q) in Go", i+1, m[1], typ.Field(i).Name, typ.Field(i).Tag.Get("lua"))
+		}
+	}
+	// argv returns the fields in order: give each field a distinct value
+	// and find it at its place.
+	var a reserveArgs
+	v := reflect.ValueOf(&a).Elem()
+	for i := range typ.NumField() {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(int64(1000 + i))
+		case reflect.Float64:
+			f.SetFloat(float64(1000 + i))
+		case reflect.String:
+			f.SetString(fmt.Sprintf("s%d", i))
+		case reflect.Bool:
+			f.SetBool(true)
+		}
+	}
+	argv := a.argv()
+	if len(argv) != typ.NumField() {
+		t.Fatalf("argv returns %d values for %d fields", len(argv), typ.NumField())
+	}
+	for i, x := range argv {
+		want := v.Field(i).Interface()
+		if b, ok := want.(bool); ok && b {
+			want = 1
+		}
+		if fmt.Sprint(x) != fmt.Sprint(want) {
+			t.Errorf("argv()[%d] = %v, want field %s = %v", i, x, typ.Field(i).Name, want)
+		}
+	}
+	// Every ARGV read goes through a local: no ARGV[n] past the bindings.
+	rest := body[regexp.MustCompile(`(?m)^local a_total_limits = ARGV\[31\]$`).FindStringIndex(body)[1]:]
+	for _, m := range regexp.MustCompile(`ARGV\[(\d+)\]`).FindAllStringSubmatch(rest, -1) {
+		t.Errorf("ARGV[%s] is read past the bindings", m[1])
+	}
+}
+
+// simCall is one call of a simulation: when it was granted, its cost.
+type simCall struct {
+	at   int64 // Redis time (µs)
+	cost int
+}
+
+// simulate drives a bucket through n calls on the virtual Redis clock:
+// each call asks until it is granted, with the clock moved to the
+// moment the gate said to come back; a granted call starts at its tick,
+// and the clock moves to it (one caller at a time, as a worker's calls
+// come one after another).
+func simulate(t *testing.T, b *Bucket, clk *redisClock, n int, req func(i int) Request) []simCall {
+	t.Helper()
+	ctx := context.Background()
+	var out []simCall
+	for i := 0; i < n; i++ {
+		r := req(i)
+		for tries := 0; ; tries++ {
+			if tries > 10_000 {
+				t.Fatalf("call %d not granted after %d reservations", i, tries)
+			}
+			res, err := b.reserve(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.ok {
+				if res.wait <= 0 {
+					t.Fatalf("deferred (reason %d) with nothing to wait", res.reason)
+				}
+				clk.advance(res.wait)
+				continue
+			}
+			clk.advance(res.wait)
+			out = append(out, simCall{at: clk.now(), cost: max(r.Cost, 1)})
+			break
+		}
+	}
+	return out
+}
+
+// maxUnits is the most units the calls put in any half-open interval of
+// length w (a sliding window: every fixed window at every phase).
+func maxUnits(calls []simCall, w time.Duration) int {
+	sort.Slice(calls, func(i, j int) bool { return calls[i].at < calls[j].at })
+	most, sum, lo := 0, 0, 0
+	for hi := range calls {
+		sum += calls[hi].cost
+		for calls[hi].at-calls[lo].at >= w.Microseconds() {
+			sum -= calls[lo].cost
+			lo++
+		}
+		most = max(most, sum)
+	}
+	return most
+}
+
+func one(int) Request { return Request{} }
+
+// TestQuotaPaceThenWait is the quota of issue 18 on the real script and
+// a virtual clock: 20 per second and 300 per minute. 250 calls go out at
+// the pace of the per-second limit (not spread over the minute); 100 more
+// 20 s after the first: 50 at once, the rest only when the first calls
+// leave the minute; never more than 20 in a second or 300 in a minute.
+func TestQuotaPaceThenWait(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 300, Window: time.Minute}}}
+	if !p.Quota(1) || p.Quota(0) {
+		t.Fatal("the minute limit must be a quota, the second spaced")
+	}
+	b, err := g.Bucket("crm", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := simulate(t, b, clk, 250, one)
+	start := first[0].at
+	took := time.Duration(first[len(first)-1].at-start) * time.Microsecond
+	t.Logf("250 calls in %v", took)
+	if took > 13*time.Second {
+		t.Errorf("250 calls took %v: the quota slowed the pace (20/s takes 12.75 s with the guard)", took)
+	}
+	clk.set(start + (20 * time.Second).Microseconds())
+	second := simulate(t, b, clk, 100, one)
+	at := func(c simCall) time.Duration { return time.Duration(c.at-start) * time.Microsecond }
+	t.Logf("the next 100: the 50th at %v, the 51st at %v, the last at %v", at(second[49]), at(second[50]), at(second[99]))
+	if at(second[49]) > 23*time.Second {
+		t.Errorf("the 50th of the second batch at %v: what was left of the quota did not go at once", at(second[49]))
+	}
+	if at(second[50]) < 60*time.Second {
+		t.Errorf("the 51st of the second batch at %v: the quota let it go before the first calls left the minute", at(second[50]))
+	}
+	// The counter errs by at most one slot (1/60 of the window).
+	if at(second[50]) > 62*time.Second {
+		t.Errorf("the 51st of the second batch at %v: more than a slot after the first calls left the minute", at(second[50]))
+	}
+	all := append(first, second...)
+	if n := maxUnits(all, time.Second); n > 20 {
+		t.Errorf("%d calls in a second, limit 20", n)
+	}
+	if n := maxUnits(all, time.Minute); n > 300 {
+		t.Errorf("%d calls in a minute, limit 300", n)
+	}
+	use, err := b.Limits(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := use[1]; !q.Quota || q.Used+q.Left != 300 || q.Used < 50 {
+		t.Errorf("quota use %+v", q)
+	}
+}
+
+// TestQuotaStateIsBounded spends an hourly quota of 5,000 at 50 per
+// second: the counters stay a few dozen fields whatever the quota, no
+// hour holds more than 5,000 calls, and the next call waits for the
+// first to leave the hour.
+func TestQuotaStateIsBounded(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	b, err := g.Bucket("gh", Policy{Limits: []Limit{{Rate: 50, Window: time.Second}, {Rate: 5000, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := simulate(t, b, clk, 5001, one)
+	fields, err := rdb.HLen(context.Background(), b.keys.counts).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("5,001 calls: %d counter fields", fields)
+	if fields > 2*(limitSlots+10) {
+		t.Errorf("%d counter fields for two limits: the state grows with the calls", fields)
+	}
+	if n := maxUnits(calls, time.Hour); n > 5000 {
+		t.Errorf("%d calls in an hour, quota 5000", n)
+	}
+	last := time.Duration(calls[5000].at-calls[0].at) * time.Microsecond
+	if last < time.Hour || last > time.Hour+2*time.Hour/limitSlots {
+		t.Errorf("the 5,001st call %v after the first, want an hour (and at most two slots) later", last)
+	}
+}
+
+// TestCostsKeepEveryLimit draws costs of 1 to 10 units against 100 units
+// per second and a quota of 3,000 per minute: no second holds more than
+// 100 units, no minute more than 3,000, and the units flow at no less
+// than 95% of the per-second limit while the quota lasts.
+func TestCostsKeepEveryLimit(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	b, err := g.Bucket("shop", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 3000, Window: time.Minute}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(18, 5))
+	costs := make([]int, 1000)
+	for i := range costs {
+		costs[i] = 1 + rng.IntN(10)
+	}
+	calls := simulate(t, b, clk, len(costs), func(i int) Request { return Request{Cost: costs[i]} })
+	if n := maxUnits(calls, time.Second); n > 100 {
+		t.Errorf("%d units in a second, limit 100", n)
+	}
+	if n := maxUnits(calls, time.Minute); n > 3000 {
+		t.Errorf("%d units in a minute, quota 3000", n)
+	}
+	// While the quota lasts (the first 2,900 units): the share of the
+	// per-second limit delivered.
+	units, i := 0, 0
+	for ; i < len(calls) && units+calls[i].cost <= 2900; i++ {
+		units += calls[i].cost
+	}
+	span := time.Duration(calls[i-1].at-calls[0].at)*time.Microsecond + time.Second/100*time.Duration(calls[i-1].cost)
+	share := float64(units) / (span.Seconds() * 100)
+	t.Logf("%d units in %v: %.1f%% of 100 units/s", units, span, 100*share)
+	if share < 0.95 {
+		t.Errorf("%.1f%% of the units the vendor allows, want at least 95%%", 100*share)
+	}
+	if _, _, err := b.Ask(context.Background(), Request{Cost: 101}); err == nil {
+		t.Error("a cost above the rate was accepted")
+	}
+	if _, _, err := b.Ask(context.Background(), Request{Cost: -1}); err == nil {
+		t.Error("a negative cost was accepted")
+	}
+}
+
+// TestHighLaneGoesFirst crowds a bucket at 20 per second with normal
+// calls reserved up to the horizon and more waiting beyond it; a high
+// call then gets the first tick after those already granted, ahead of
+// every waiting normal call, and normal calls step aside while it waits.
+func TestHighLaneGoesFirst(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	b, err := g.Bucket("crm", Policy{Limits: []Limit{{Rate: 20, Window: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulate(t, b, clk, 1, one) // past the first use's wait
+	var lastNormal int64
+	for {
+		r, err := b.reserve(ctx, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			break // the horizon is full
+		}
+		lastNormal = clk.now() + r.wait.Microseconds()
+	}
+	hi, err := b.reserve(ctx, Request{Lane: High})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hi.ok {
+		t.Fatalf("the high call was granted beyond the horizon: %+v", hi)
+	}
+	// While it waits, a normal call steps aside.
+	n, err := b.reserve(ctx, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.ok || n.reason != behindHigh {
+		t.Fatalf("a normal call while a high one waits: %+v", n)
+	}
+	clk.advance(hi.wait)
+	hi, err = b.reserve(ctx, Request{Lane: High})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hi.ok {
+		t.Fatalf("the high call came back when told and was deferred again: %+v", hi)
+	}
+	iv, _ := b.Policy().Tick()
+	if tick := clk.now() + hi.wait.Microseconds(); tick != lastNormal+iv.Microseconds() {
+		t.Errorf("the high call's tick is %v after the last normal one, want one tick (%v)", time.Duration(tick-lastNormal)*time.Microsecond, iv)
+	}
+	// And the normal calls go on after it.
+	n, err = b.reserve(ctx, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.reason == behindHigh {
+		t.Errorf("a normal call still steps aside after the high one was granted: %+v", n)
+	}
+}
+
+// TestQuotaLostCountsSpent loses a bucket's state while its group knows
+// it should be there (Redis lost data): the quota counts as spent for
+// its window, since what the lost state granted is unknown, until the
+// vendor's own count replaces the guess.
+func TestQuotaLostCountsSpent(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	grp, err := g.Group("crm", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := grp.Bucket("acct-1", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}, {Rate: 500, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulate(t, b, clk, 20, one)
+	if err := rdb.Del(ctx, b.keys.gate, b.keys.counts).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.reserve(ctx, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ok || r.wait < 59*time.Minute {
+		t.Fatalf("after a loss: %+v, want a wait of about the quota's hour", r)
+	}
+	use, err := b.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use[1].Left != 0 {
+		t.Errorf("after a loss the quota has %d left, want 0", use[1].Left)
+	}
+	// The vendor says 30 were used: its count replaces the guess.
+	if _, err := b.Control().CountUsed(ctx, 1, 30); err != nil {
+		t.Fatal(err)
+	}
+	use, err = b.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use[1].Used != 30 {
+		t.Errorf("after the vendor's count of 30 the quota counts %d", use[1].Used)
+	}
+	// A lower count than the gate's own never lowers it.
+	simulate(t, b, clk, 5, one)
+	if _, err := b.Control().CountUsed(ctx, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	use, err = b.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use[1].Used != 35 {
+		t.Errorf("after 5 more grants and a vendor count of 3, the quota counts %d, want 35", use[1].Used)
+	}
+}
+
+// TestCountUsedRaisesTheQuota: another app with the same credential used
+// most of the hour's quota; the vendor's headers say so, and the gate
+// lets only what is left go.
+func TestCountUsedRaisesTheQuota(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	b, err := g.Bucket("gh", Policy{Limits: []Limit{{Rate: 50, Window: time.Second}, {Rate: 1000, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulate(t, b, clk, 10, one)
+	added, err := b.Control().CountUsed(ctx, 1, 990)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added != 980 {
+		t.Errorf("added %d units, want 980 (990 announced less the 10 granted)", added)
+	}
+	calls := simulate(t, b, clk, 11, one)
+	gap := time.Duration(calls[10].at-calls[9].at) * time.Microsecond
+	if gap < 50*time.Minute {
+		t.Errorf("the 11th call after the announcement came %v after the 10th: the quota had only 10 left", gap)
+	}
+}
