@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -50,8 +51,9 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		if err != nil {
 			return err
 		}
-		err = h(ctx, t, client)
-		if d := w.asDeferral(ctx, rt, account, err); d != nil {
+		req := taskRequest(t)
+		err = h(vendorclients.WithRequest(ctx, req), t, client)
+		if d := w.asDeferral(ctx, rt, account, req.Lane, err); d != nil {
 			return d
 		}
 		return err
@@ -75,6 +77,19 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		err = redactedError{err, call.secrets(rt.secrets)}
 	}
 	return err
+}
+
+// taskRequest reads what a task of the user's own type asks of its
+// bucket from its headers (see EnqueueTask).
+func taskRequest(t *asynq.Task) shaper.Request {
+	var r shaper.Request
+	if n, err := strconv.Atoi(t.Headers()[costHeader]); err == nil && n > 1 {
+		r.Cost = n
+	}
+	if t.Headers()[laneHeader] == "high" {
+		r.Lane = shaper.High
+	}
+	return r
 }
 
 // secrets returns the header values to redact from what the call leaves
@@ -101,13 +116,13 @@ func (e redactedError) Unwrap() error { return e.err }
 // back to the queue without using a retry. Long waits also pause the
 // vendor's asynq queue, unless the wait is one account's (its other
 // accounts' calls share the queue). It returns nil for other errors.
-func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, account string, err error) *deferError {
+func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, account string, lane shaper.Lane, err error) *deferError {
 	var we *vendorclients.WaitError
 	var rl *vendorclients.RateLimitedError
 	switch {
 	case errors.As(err, &we):
 		if account == "" {
-			w.pauseQueue(ctx, rt, we.Wait)
+			w.pauseQueue(ctx, rt, we.Wait, lane)
 		}
 		return &deferError{Wait: we.Wait}
 	case errors.As(err, &rl):
@@ -128,7 +143,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		if len(call.Body) > 0 {
 			body = bytes.NewReader(call.Body)
 		}
-		req, err := client.NewRequest(ctx, call.Method, call.Path, body)
+		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane()}), call.Method, call.Path, body)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 		}
@@ -146,7 +161,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			// tick after the pause, in this goroutine while it is short.
 			continue
 		}
-		if d := w.asDeferral(ctx, rt, call.Account, err); d != nil {
+		if d := w.asDeferral(ctx, rt, call.Account, call.lane(), err); d != nil {
 			return d
 		}
 		if err != nil {

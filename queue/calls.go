@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 )
 
@@ -27,8 +28,11 @@ const maxCallLine = 4 << 20
 // ParseCalls reads NDJSON call lines, one call each:
 //
 //	{"id":"order-1042","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
+//	{"path":"/graphql","method":"POST","cost":5,"priority":"high","body":{...}}
 //
-// method defaults to GET; id is optional (it makes enqueueing idempotent).
+// method defaults to GET; id is optional (it makes enqueueing idempotent);
+// cost (units of every limit, default 1) and priority ("high" or
+// "normal", the default) are optional.
 // Blank lines are skipped. Every line is checked; all bad ones are
 // returned (as *LineError, joined), so that nothing is enqueued from a
 // file with a mistake in it.
@@ -75,15 +79,18 @@ func parseCallLine(text []byte) (Call, error) {
 		Account *string           `json:"account"`
 		Method  *string           `json:"method"`
 		Path    *string           `json:"path"`
-		Headers map[string]string `json:"headers"`
-		Body    json.RawMessage   `json:"body"`
+		Headers  map[string]string `json:"headers"`
+		Body     json.RawMessage   `json:"body"`
+		Cost     *json.Number      `json:"cost"`
+		Priority *string           `json:"priority"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
+	dec.UseNumber()
 	if err := dec.Decode(&j); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
-			msg += " (a call line has id, account, method, path, headers and body)"
+			msg += " (a call line has id, account, method, path, headers, body, cost and priority)"
 		}
 		return Call{}, fmt.Errorf("not a call object: %s", msg)
 	}
@@ -102,6 +109,19 @@ func parseCallLine(text []byte) (Call, error) {
 	}
 	if j.Method != nil {
 		c.Method = *j.Method
+	}
+	if j.Cost != nil {
+		n, err := strconv.Atoi(j.Cost.String())
+		if err != nil || n < 1 {
+			return Call{}, fmt.Errorf(`"cost": %s: want a whole number of units, at least 1 (the default), e.g. "cost": 5`, j.Cost)
+		}
+		c.Cost = n
+	}
+	if j.Priority != nil {
+		if *j.Priority == "" {
+			return Call{}, errors.New(`"priority": "": want "high" or "normal" (the default)`)
+		}
+		c.Priority = *j.Priority
 	}
 	if string(c.Body) == "null" {
 		c.Body = nil

@@ -361,15 +361,15 @@ func Priority(l shaper.Lane) asynq.Option { return laneOption(l) }
 
 type costOption int
 
-func (o costOption) String() string          { return fmt.Sprintf("Cost(%d)", int(o)) }
+func (o costOption) String() string         { return fmt.Sprintf("Cost(%d)", int(o)) }
 func (o costOption) Type() asynq.OptionType { return -1 }
-func (o costOption) Value() any              { return int(o) }
+func (o costOption) Value() any             { return int(o) }
 
 type laneOption shaper.Lane
 
-func (o laneOption) String() string          { return fmt.Sprintf("Priority(%s)", shaper.Lane(o)) }
+func (o laneOption) String() string         { return fmt.Sprintf("Priority(%s)", shaper.Lane(o)) }
 func (o laneOption) Type() asynq.OptionType { return -2 }
-func (o laneOption) Value() any              { return shaper.Lane(o) }
+func (o laneOption) Value() any             { return shaper.Lane(o) }
 
 // callOptions are shaper's options of a task.
 type callOptions struct {

@@ -3,6 +3,10 @@ package queue
 import (
 	"context"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // supervisorEvery is how often a vendor's supervisor looks at a queue
@@ -60,12 +64,13 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 
 func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog) error {
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
-	paused, err := w.rdb.Exists(ctx, key).Result()
+	lanes, err := w.rdb.Get(ctx, key).Result()
+	if err == redis.Nil {
+		rt.pausedHere.Store(false)
+		return nil
+	}
 	problems.check("reading whether the vendor's queue is paused", err)
-	if err != nil || paused == 0 {
-		if err == nil {
-			rt.pausedHere.Store(false)
-		}
+	if err != nil {
 		return err
 	}
 	rt.pausedHere.Store(true) // paused (here or by a replica that may be gone): watch it closely
@@ -79,9 +84,11 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	if err != nil || n == 0 {
 		return err // another replica unpaused it
 	}
-	if err := w.insp.UnpauseQueue(rt.queue); err != nil {
-		w.log.Warn("could not unpause the vendor's queue", "vendor", rt.vendor.Name, "queue", rt.queue, "err", err)
-		return err
+	for _, q := range pausedQueues(rt, lanes) {
+		if err := w.insp.UnpauseQueue(q); err != nil {
+			w.log.Warn("could not unpause the vendor's queue", "vendor", rt.vendor.Name, "queue", q, "err", err)
+			return err
+		}
 	}
 	w.log.Info("vendor's next tick is near: its queue is unpaused", "vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", st.NextTick.Round(time.Millisecond))
 	return nil
@@ -91,15 +98,25 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 // no replica dequeues tasks only to send them back; a supervisor unpauses
 // it when the wait is nearly over. The log says why the wait is long: a
 // pause the vendor asked for, or a backlog.
-func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Duration) {
+//
+// A wait of the high lane (a pause, a spent quota: every lane waits)
+// pauses both lanes' queues; a wait of the normal lane (a backlog the high
+// lane goes ahead of) only the normal one.
+func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Duration, lane shaper.Lane) {
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
-	ok, err := w.rdb.SetNX(ctx, key, "1", wait+time.Minute).Result()
+	lanes := "normal"
+	if lane == shaper.High {
+		lanes = "both"
+	}
+	ok, err := w.rdb.SetNX(ctx, key, lanes, wait+time.Minute).Result()
 	if err != nil || !ok {
 		return // already paused by a replica, or Redis is failing (the task is deferred either way)
 	}
-	if err := w.insp.PauseQueue(rt.queue); err != nil {
-		w.log.Warn("could not pause the vendor's queue", "vendor", rt.vendor.Name, "queue", rt.queue, "err", err)
-		return
+	for _, q := range pausedQueues(rt, lanes) {
+		if err := w.insp.PauseQueue(q); err != nil {
+			w.log.Warn("could not pause the vendor's queue", "vendor", rt.vendor.Name, "queue", q, "err", err)
+			return
+		}
 	}
 	rt.pausedHere.Store(true)
 	args := []any{"vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", wait.Round(time.Millisecond), "max_wait", w.cfg.MaxWait}
@@ -109,4 +126,13 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 		return
 	}
 	w.log.Info("vendor backlogged: its next free tick is beyond max_wait, so its queue is paused until the tick nears", args...)
+}
+
+// pausedQueues are the queues a pause of lanes ("normal" or "both", the
+// value of the vendor's queuePausedKey) paused.
+func pausedQueues(rt *vendorRuntime, lanes string) []string {
+	if lanes == "both" {
+		return []string{rt.queue, rt.high}
+	}
+	return []string{rt.queue}
 }

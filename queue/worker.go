@@ -59,7 +59,8 @@ type HandlerFunc func(ctx context.Context, t *asynq.Task, vendor *vendorclients.
 type vendorRuntime struct {
 	vendor  Vendor
 	secrets []string // header values to redact from results and errors
-	queue   string
+	queue   string // the normal lane's asynq queue
+	high    string // the high lane's
 	client  *vendorclients.Client
 	shape   atomic.Pointer[accountShape] // per-account vendors: how each account is shaped
 	// pausedHere: this process paused the vendor's asynq queue, and its
@@ -235,7 +236,7 @@ func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt := &vendorRuntime{vendor: v, secrets: v.secrets(), queue: QueueName(v.Name), client: client}
+	rt := &vendorRuntime{vendor: v, secrets: v.secrets(), queue: QueueName(v.Name), high: HighQueueName(v.Name), client: client}
 	rt.shape.Store(sh)
 	return rt, nil
 }
@@ -430,7 +431,8 @@ func (w *Worker) current(rt *vendorRuntime) bool {
 func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 	server := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
 		Concurrency:              rt.vendor.concurrency(),
-		Queues:                   map[string]int{rt.queue: 1},
+		Queues:                   map[string]int{rt.high: 2, rt.queue: 1},
+		StrictPriority:           true, // the high lane first
 		TaskCheckInterval:        100 * time.Millisecond,
 		DelayedTaskCheckInterval: rt.vendor.forwardEvery(),
 		ShutdownTimeout:          w.cfg.ShutdownTimeout,

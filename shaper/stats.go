@@ -65,6 +65,10 @@ type Stats struct {
 	RateLimited           int64
 	GrantedLastMinute     int64
 	RateLimitedLastMinute int64
+	// Limits is what each limit of the policy has used (see
+	// Bucket.Limits), read when the policy has a quota; a spent quota
+	// holds NextTick back.
+	Limits []LimitUse
 }
 
 // statsFields are the fields statsScript reads from the stats hash.
@@ -186,6 +190,18 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		l, _ := strconv.ParseInt(last, 10, 64)
 		st.NextTick = max(time.Duration(l+iv.Microseconds()-now)*time.Microsecond, 0)
 	}
+	if b.hasQuota() {
+		use, err := b.Limits(ctx)
+		if err != nil {
+			return Stats{}, err
+		}
+		st.Limits = use
+		for _, u := range use {
+			if u.Quota {
+				st.NextTick = max(st.NextTick, u.NextIn)
+			}
+		}
+	}
 	if pu := num("paused_until"); pu > now {
 		st.PausedFor = time.Duration(pu-now) * time.Microsecond
 		st.NextTick = max(st.NextTick, st.PausedFor)
@@ -193,4 +209,14 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		st.PauseReason = ""
 	}
 	return st, nil
+}
+
+// hasQuota reports whether the bucket's policy has a quota.
+func (b *Bucket) hasQuota() bool {
+	for i := range b.policy.Limits {
+		if b.policy.Quota(i) {
+			return true
+		}
+	}
+	return false
 }

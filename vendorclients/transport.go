@@ -25,6 +25,7 @@ type transport struct {
 	observer Observer // optional
 
 	announced *announcedRates // shared by a client and its accounts' clients
+	counted   *countedQuotas  // shared by a client and its accounts' clients
 	latency   *latencies      // shared by a client and its accounts' clients
 	bucket    atomic.Pointer[shaper.Bucket]
 }
@@ -88,7 +89,45 @@ func (a *announcedRates) changed(bucket string, rate float64) bool {
 	return true
 }
 
+// countedQuotas throttles the counts of quotas a vendor announces: at
+// most one round trip per bucket and quota a second, and at once when
+// the vendor says none is left.
+type countedQuotas struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// due reports whether a count of quota i of bucket is due now.
+func (c *countedQuotas) due(bucket string, i int, urgent bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := fmt.Sprintf("%s|%d", bucket, i)
+	now := time.Now()
+	if !urgent && now.Sub(c.last[key]) < time.Second {
+		return false
+	}
+	if c.last == nil || len(c.last) >= maxAnnounced {
+		c.last = map[string]time.Time{}
+	}
+	c.last[key] = now
+	return true
+}
+
 type permitKey struct{}
+
+type requestKey struct{}
+
+// WithRequest returns ctx carrying what a call asks of its bucket: its
+// cost in units of every limit, and its lane. A client's request sent
+// with it is shaped as such (MaxWait is the client's own).
+func WithRequest(ctx context.Context, r shaper.Request) context.Context {
+	return context.WithValue(ctx, requestKey{}, r)
+}
+
+func requestFrom(ctx context.Context) shaper.Request {
+	r, _ := ctx.Value(requestKey{}).(shaper.Request)
+	return r
+}
 
 // PermitFrom returns the gate permit a request was sent under, from the
 // request's context as the base transport sees it (nil outside one): its
@@ -110,7 +149,9 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	ctx := req.Context()
 	bucket := t.bucket.Load()
 	asked := time.Now()
-	permit, wait, err := bucket.AcquireWithin(ctx, t.maxWait)
+	ask := requestFrom(ctx)
+	ask.MaxWait = t.maxWait
+	permit, wait, err := bucket.Ask(ctx, ask)
 	if err != nil {
 		closeBody(req)
 		return nil, 0, err
@@ -175,7 +216,22 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 		t.log.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", vendor, "retry_after", v)
 	}
 	primary := bucket.Policy().Limits[0]
-	if h.Limit > 0 {
+	quota, isQuota := -1, false
+	if i, ok := bucket.Policy().LimitFor(h.Window, h.Limit, h.Reset); ok && bucket.Policy().Quota(i) {
+		quota, isQuota = i, true
+	}
+	if isQuota && h.Remaining >= 0 && t.counted.due(bucket.Name(), quota, h.Remaining == 0) {
+		// The vendor's count of a quota: counted if above the gate's own
+		// (another app with the same credential used some).
+		l := bucket.Policy().Limits[quota]
+		if added, err := ctl.CountUsed(ctx, quota, l.Rate-h.Remaining); err != nil {
+			t.log.Error("vendorclients: could not count a quota's use the vendor announced", "vendor", vendor, "err", err)
+		} else if added > 0 {
+			t.log.Info("vendorclients: the vendor counts more of a quota used than the gate did; counting it", "vendor", vendor,
+				"quota", l.String(), "remaining", h.Remaining, "added", added)
+		}
+	}
+	if h.Limit > 0 && !isQuota {
 		window := h.Window
 		if window <= 0 {
 			window = primary.Window // X-RateLimit-Limit does not say: assume the configured window

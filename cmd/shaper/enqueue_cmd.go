@@ -18,7 +18,8 @@ import (
 )
 
 func newEnqueueCmd() *cobra.Command {
-	var vendor, account, path, method, body, file, id string
+	var vendor, account, path, method, body, file, id, priority string
+	var cost int
 	var headers []string
 	cmd := &cobra.Command{
 		Use:   "enqueue",
@@ -28,6 +29,10 @@ func newEnqueueCmd() *cobra.Command {
   {"id":"order-1042","account":"store-42","method":"POST","path":"/orders","headers":{"X-A":"b"},"body":{...}}
 
 "account" (or --account) names the account of a per-account vendor.
+"cost" (or --cost) is the units the call uses of every limit (default 1):
+a GraphQL query's points, a batch's items. "priority": "high" (or
+--priority high) puts the call ahead of every normal call of its bucket
+that has not started; high calls can starve normal ones.
 
 Every line is validated first; bad lines are reported with their numbers and
 nothing is enqueued. An id makes enqueueing idempotent: re-running a file
@@ -40,10 +45,16 @@ queues nothing twice.`,
 			if (path == "") == (file == "") {
 				return errors.New("give either --path (one call) or --file (an NDJSON call file)")
 			}
+			if cmd.Flags().Changed("cost") && cost < 1 {
+				return fmt.Errorf("--cost %d: a cost is a whole number of units, at least 1 (the default)", cost)
+			}
+			if _, err := queue.ParseLane(priority); err != nil {
+				return fmt.Errorf("--priority: %w", err)
+			}
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				out := cmd.OutOrStdout()
 				if file != "" {
-					cf, err := readCalls(cmd, file, account)
+					cf, err := readCalls(cmd, file, account, cost, priority)
 					if err != nil {
 						return err
 					}
@@ -55,7 +66,7 @@ queues nothing twice.`,
 					fmt.Fprintf(out, "enqueued %d, already queued %d, on vendor %s (%d waiting)\n", res.Enqueued, res.AlreadyQueued, vendor, waiting)
 					return nil
 				}
-				call := queue.Call{Vendor: vendor, Account: account, ID: id, Method: strings.ToUpper(method), Path: path}
+				call := queue.Call{Vendor: vendor, Account: account, ID: id, Method: strings.ToUpper(method), Path: path, Cost: cost, Priority: priority}
 				if body != "" {
 					call.Body = json.RawMessage(body)
 				}
@@ -91,6 +102,8 @@ queues nothing twice.`,
 	f.StringVar(&body, "body", "", "JSON body")
 	f.StringVar(&id, "id", "", "call id: makes enqueueing idempotent and is the Idempotency-Key")
 	f.StringVar(&file, "file", "", "NDJSON call file, - for stdin")
+	f.IntVar(&cost, "cost", 0, "units of every limit the call uses, default 1 (with --file: of every line that gives none)")
+	f.StringVar(&priority, "priority", "", "lane: high or normal, default normal (with --file: of every line that gives none)")
 	return cmd
 }
 
@@ -102,7 +115,7 @@ type callFile struct {
 }
 
 // readCalls reads and validates a call file; all bad lines in one error.
-func readCalls(cmd *cobra.Command, file, account string) (callFile, error) {
+func readCalls(cmd *cobra.Command, file, account string, cost int, priority string) (callFile, error) {
 	var r io.Reader = cmd.InOrStdin()
 	name := "stdin"
 	if file != "-" {
@@ -123,6 +136,12 @@ func readCalls(cmd *cobra.Command, file, account string) (callFile, error) {
 	for i := range calls {
 		if calls[i].Account == "" {
 			calls[i].Account = account
+		}
+		if calls[i].Cost == 0 {
+			calls[i].Cost = cost
+		}
+		if calls[i].Priority == "" {
+			calls[i].Priority = priority
 		}
 	}
 	return callFile{name: name, calls: calls}, nil
@@ -170,7 +189,7 @@ func newExportCmd() *cobra.Command {
 				return errors.New("--vendor and --file are required")
 			}
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
-				cf, err := readCalls(cmd, file, account)
+				cf, err := readCalls(cmd, file, account, 0, "")
 				if err != nil {
 					return err
 				}

@@ -31,6 +31,7 @@ type Request struct {
 	Path   string
 	Key    string // Idempotency-Key
 	Status int
+	Units  int // its cost ("fixed" kind; 0 elsewhere, meaning 1)
 }
 
 // Vendor is an http.Handler enforcing a rate limit of the given Kind. Set
@@ -42,6 +43,12 @@ type Vendor struct {
 	Rate   int
 	Window time.Duration
 	Phase  time.Duration // "fixed" only: windows start at Unix-epoch multiples of Window plus Phase
+	// More are further fixed-window limits a "fixed" vendor enforces too
+	// (a quota over a minute or a day beside the per-second limit); a
+	// request over any of them is refused, and counts in all of them.
+	More []Fixed
+	// CostHeader, when set, names a request header carrying its cost: the
+	// units it uses of every limit ("fixed" only; default 1).
 	// Burst is the "gcra" kind's burst: how many requests it admits at
 	// once after being idle. Zero or less means 1. Other kinds ignore it.
 	Burst int
@@ -67,13 +74,25 @@ type Vendor struct {
 
 	now func() time.Time // the clock when set (tests), else time.Now
 
+	CostHeader string
+
 	mu       sync.Mutex
 	window   int64       // "fixed": the current window's number
-	count    int         // "fixed": requests in the current window
+	count    int         // "fixed": requests (units) in the current window
 	log      []time.Time // "sliding": the last Rate admitted times, a ring
 	head     int         // "sliding": index in log of the oldest time once log is full
 	tat      time.Time   // "gcra": theoretical arrival time of the next request
 	requests []Request
+}
+
+// Fixed is one more fixed-window limit of a "fixed" vendor.
+type Fixed struct {
+	Rate   int
+	Window time.Duration
+	Phase  time.Duration
+
+	window int64
+	count  int
 }
 
 // clock returns the time now.
@@ -111,12 +130,26 @@ func (v *Vendor) record(at time.Time, r *http.Request, status int) {
 func (v *Vendor) serveFixed(w http.ResponseWriter, r *http.Request) {
 	now := v.clock()
 	k := (now.UnixNano() - int64(v.Phase)) / int64(v.Window)
+	units := 1
+	if v.CostHeader != "" {
+		if n, err := strconv.Atoi(r.Header.Get(v.CostHeader)); err == nil && n > 0 {
+			units = n
+		}
+	}
 	v.mu.Lock()
 	if k != v.window {
 		v.window, v.count = k, 0
 	}
-	v.count++
+	v.count += units // a refused request counts too
 	over := v.count > v.Rate
+	for i := range v.More {
+		m := &v.More[i]
+		if mk := (now.UnixNano() - int64(m.Phase)) / int64(m.Window); mk != m.window {
+			m.window, m.count = mk, 0
+		}
+		m.count += units
+		over = over || m.count > m.Rate
+	}
 	status := http.StatusOK
 	if over {
 		status = http.StatusTooManyRequests
@@ -124,6 +157,7 @@ func (v *Vendor) serveFixed(w http.ResponseWriter, r *http.Request) {
 		status = v.Status(r)
 	}
 	v.record(now, r, status)
+	v.requests[len(v.requests)-1].Units = units
 	remaining := max(v.Rate-v.count, 0)
 	v.mu.Unlock()
 	if v.Hang != nil {

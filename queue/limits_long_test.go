@@ -1,0 +1,245 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/internal/windows"
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+// succeeded returns the 2xx requests of v, in the order they arrived.
+func succeeded(v *vendorsim.Vendor) []vendorsim.Request {
+	var out []vendorsim.Request
+	for _, r := range v.Requests() {
+		if r.Status < 300 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func times(rs []vendorsim.Request) []time.Time {
+	ts := make([]time.Time, len(rs))
+	for i, r := range rs {
+		ts[i] = r.At
+	}
+	return ts
+}
+
+// TestLongQuotaAtThePaceOfTheShortLimit is issue 18's quota run: a vendor
+// that allows 20 calls per second and 300 per minute, both fixed windows
+// at hidden phases, and two workers. 250 calls go out at the pace of the
+// per-second limit; 100 more enqueued 20 s after the first: 50 go at
+// once, the rest when the first calls leave the minute. It asserts
+// safety (no 429, nothing lost or repeated, never more than a limit in a
+// sliding window) and logs the timings, which docs/results.md reports.
+func TestLongQuotaAtThePaceOfTheShortLimit(t *testing.T) {
+	redistest.Long(t)
+	e := newEnv(t)
+	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second),
+		More: []vendorsim.Fixed{{Rate: 300, Window: time.Minute, Phase: randomPhase(time.Minute)}}}
+	name := e.vendor("quota", shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}, {Rate: 300, Window: time.Minute}}}, 0, vend)
+	c := e.newClient()
+	e.startWorker(nil)
+	e.startWorker(nil)
+	enqueueN(t, c, name, 250)
+	waitFor(t, time.Minute, "the first 250 calls", func() bool { return vend.Summarize().DistinctKeys >= 250 })
+	first := succeeded(vend)
+	start := first[0].At
+	t.Logf("250 calls: the 250th done %.1f s after the first", first[249].At.Sub(start).Seconds())
+	time.Sleep(time.Until(start.Add(20 * time.Second)))
+	calls := make([]Call, 100)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("%s-more-%03d", name, i), Path: "/more"}
+	}
+	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the next 100 calls", func() bool { return vend.Summarize().DistinctKeys >= 350 })
+	all := succeeded(vend)
+	more := all[250:]
+	at := func(r vendorsim.Request) float64 { return r.At.Sub(start).Seconds() }
+	t.Logf("the next 100: the 1st at %.1f s, the 50th at %.1f s, the 51st at %.1f s, the 100th at %.1f s after the first call",
+		at(more[0]), at(more[49]), at(more[50]), at(more[99]))
+	perMinute := map[int64]int{}
+	for _, r := range all {
+		perMinute[(r.At.UnixNano()-int64(vend.More[0].Phase))/int64(time.Minute)]++
+	}
+	keys := make([]int64, 0, len(perMinute))
+	for k := range perMinute {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var per []string
+	for _, k := range keys {
+		per = append(per, strconv.Itoa(perMinute[k]))
+	}
+	t.Logf("calls per vendor minute: %s", strings.Join(per, ", "))
+	s := vend.Summarize()
+	ts := times(all)
+	t.Logf("%d requests, %d 429s, %d calls, %d repeated; most in a sliding second %d, in a sliding minute %d",
+		s.Requests, s.RateLimited, s.DistinctKeys, s.DuplicateKeys, windows.MaxSliding(ts, time.Second), windows.MaxSliding(ts, time.Minute))
+	if s.RateLimited != 0 || s.DistinctKeys != 350 || s.DuplicateKeys != 0 {
+		t.Errorf("%d 429s, %d distinct calls (want 350), %d repeated", s.RateLimited, s.DistinctKeys, s.DuplicateKeys)
+	}
+	if n := windows.MaxSliding(ts, time.Second-shaper.DefaultGuard); n > 20 {
+		t.Errorf("%d calls in a sliding second (less the guard), limit 20", n)
+	}
+	if n := windows.MaxSliding(ts, time.Minute-shaper.DefaultGuard); n > 300 {
+		t.Errorf("%d calls in a sliding minute (less the guard), limit 300", n)
+	}
+	if more[50].At.Before(first[0].At.Add(time.Minute - shaper.DefaultGuard)) {
+		t.Errorf("the 301st call went %.1f s after the first: before the first left the minute", at(more[50]))
+	}
+}
+
+// TestLongCostsAgainstAUnitVendor: calls of 1 to 10 units against a
+// vendor that counts 100 units a second (the cost in a header), two
+// workers: no 429, nothing lost, never more than 100 units in a vendor
+// second; the share of the units the vendor allows is logged.
+func TestLongCostsAgainstAUnitVendor(t *testing.T) {
+	redistest.Long(t)
+	e := newEnv(t)
+	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second), CostHeader: "X-Cost"}
+	name := e.vendor("units", shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}, 0, vend)
+	c := e.newClient()
+	rng := rand.New(rand.NewPCG(18, 2))
+	var calls []Call
+	units := 0
+	for i := 0; units < 3000; i++ {
+		cost := 1 + rng.IntN(10)
+		units += cost
+		calls = append(calls, Call{ID: fmt.Sprintf("%s-%04d", name, i), Path: "/graphql", Method: "POST", Cost: cost,
+			Headers: map[string]string{"X-Cost": strconv.Itoa(cost)}})
+	}
+	if _, err := c.EnqueueBatch(context.Background(), name, calls); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	e.startWorker(nil)
+	waitFor(t, 2*time.Minute, "every call", func() bool { return vend.Summarize().DistinctKeys >= len(calls) })
+	ok := succeeded(vend)
+	most, sum, lo := 0, 0, 0
+	for hi := range ok {
+		sum += ok[hi].Units
+		for ok[hi].At.Sub(ok[lo].At) >= time.Second-shaper.DefaultGuard {
+			sum -= ok[lo].Units
+			lo++
+		}
+		most = max(most, sum)
+	}
+	perWindow := map[int64]int{}
+	fixedMost := 0
+	for _, r := range ok {
+		k := (r.At.UnixNano() - int64(vend.Phase)) / int64(time.Second)
+		perWindow[k] += r.Units
+		fixedMost = max(fixedMost, perWindow[k])
+	}
+	span := ok[len(ok)-1].At.Sub(ok[0].At) + 10*time.Millisecond
+	s := vend.Summarize()
+	t.Logf("%d calls, %d units in %.2f s: %.1f%% of 100 units/s; most units in a vendor second %d, in a sliding second (less the guard) %d; %d 429s",
+		len(ok), units, span.Seconds(), 100*float64(units)/(span.Seconds()*100), fixedMost, most, s.RateLimited)
+	if s.RateLimited != 0 || s.DistinctKeys != len(calls) || s.DuplicateKeys != 0 {
+		t.Errorf("%d 429s, %d distinct calls (want %d), %d repeated", s.RateLimited, s.DistinctKeys, len(calls), s.DuplicateKeys)
+	}
+	if most > 100 || fixedMost > 100 {
+		t.Errorf("%d units in a sliding second, %d in a vendor second: limit 100", most, fixedMost)
+	}
+}
+
+// TestLongHighLaneGoesFirst: 2,000 normal calls queued for a vendor at
+// 20 per second, then 10 high calls, 2 s apart: each high call reaches the
+// vendor within about a second and a tick of its enqueue (logged, p50 and
+// max), no 429, and the normal calls stay in order. Then the same for one
+// account of a per-account vendor, whose normal calls wait planned in
+// asynq's schedule.
+func TestLongHighLaneGoesFirst(t *testing.T) {
+	redistest.Long(t)
+	for _, perAccount := range []bool{false, true} {
+		t.Run(fmt.Sprintf("per_account=%v", perAccount), func(t *testing.T) {
+			e := newEnv(t)
+			vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
+			p := shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}
+			var name, account string
+			if perAccount {
+				srv := httptest.NewServer(vend)
+				t.Cleanup(srv.Close)
+				name = "lanes-" + e.prefix[5:]
+				account = "store-1"
+				e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/{account}", Timeout: 5 * time.Second},
+					Policy: p, PerAccount: true})
+			} else {
+				name = e.vendor("lanes", p, 0, vend)
+			}
+			c := e.newClient()
+			normal := make([]Call, 2000)
+			for i := range normal {
+				normal[i] = Call{ID: fmt.Sprintf("n-%05d", i), Account: account, Path: "/orders"}
+			}
+			if _, err := c.EnqueueBatch(context.Background(), name, normal); err != nil {
+				t.Fatal(err)
+			}
+			e.startWorker(nil)
+			time.Sleep(5 * time.Second)
+			enqueued := map[string]time.Time{}
+			for i := range 10 {
+				id := fmt.Sprintf("h-%02d", i)
+				enqueued[id] = time.Now()
+				if _, err := c.Enqueue(context.Background(), Call{Vendor: name, ID: id, Account: account, Path: "/now", Priority: "high"}); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Second)
+			}
+			waitFor(t, 30*time.Second, "the high calls", func() bool {
+				n := 0
+				for _, r := range succeeded(vend) {
+					if strings.HasPrefix(r.Key, "h-") {
+						n++
+					}
+				}
+				return n == 10
+			})
+			var waits []time.Duration
+			var order []int
+			for _, r := range succeeded(vend) {
+				if at, ok := enqueued[r.Key]; ok {
+					waits = append(waits, r.At.Sub(at))
+				} else if n, err := strconv.Atoi(strings.TrimPrefix(r.Key, "n-")); err == nil {
+					order = append(order, n)
+				}
+			}
+			sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+			s := vend.Summarize()
+			moved := 0
+			for i, n := range order {
+				if abs(n-i) > 5 {
+					moved++
+				}
+			}
+			t.Logf("high calls behind %d normal ones: start p50 %v, max %v after their enqueue; %d normal calls done, %d moved more than 5 places; %d 429s",
+				len(normal), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), len(order), moved, s.RateLimited)
+			if s.RateLimited != 0 || s.DuplicateKeys != 0 {
+				t.Errorf("%d 429s, %d repeated", s.RateLimited, s.DuplicateKeys)
+			}
+			if moved > len(order)/20 {
+				t.Errorf("%d of %d normal calls moved more than 5 places: the normal lane lost its order", moved, len(order))
+			}
+			// Far more than a second and a tick is the lane not working.
+			if waits[len(waits)-1] > 10*time.Second {
+				t.Errorf("a high call waited %v behind the normal ones", waits[len(waits)-1])
+			}
+		})
+	}
+}
