@@ -75,10 +75,10 @@ func ParseCalls(r io.Reader) ([]Call, error) {
 
 func parseCallLine(text []byte) (Call, error) {
 	var j struct {
-		ID      *string           `json:"id"`
-		Account *string           `json:"account"`
-		Method  *string           `json:"method"`
-		Path    *string           `json:"path"`
+		ID       *string           `json:"id"`
+		Account  *string           `json:"account"`
+		Method   *string           `json:"method"`
+		Path     *string           `json:"path"`
 		Headers  map[string]string `json:"headers"`
 		Body     json.RawMessage   `json:"body"`
 		Cost     *json.Number      `json:"cost"`

@@ -59,8 +59,8 @@ type HandlerFunc func(ctx context.Context, t *asynq.Task, vendor *vendorclients.
 type vendorRuntime struct {
 	vendor  Vendor
 	secrets []string // header values to redact from results and errors
-	queue   string // the normal lane's asynq queue
-	high    string // the high lane's
+	queue   string   // the normal lane's asynq queue
+	high    string   // the high lane's
 	client  *vendorclients.Client
 	shape   atomic.Pointer[accountShape] // per-account vendors: how each account is shaped
 	// pausedHere: this process paused the vendor's asynq queue, and its
