@@ -268,3 +268,40 @@ func TestWarmupKeys(t *testing.T) {
 		t.Errorf("no warmup key: warmup %s", p.Warmup)
 	}
 }
+
+// TestLimitsQuotaOrSpread: a longer limit is a quota unless spread = true;
+// a spread that is not a boolean is refused with its line.
+func TestLimitsQuotaOrSpread(t *testing.T) {
+	path := t.TempDir() + "/c.toml"
+	text := `[vendors.crm]
+base_url = "https://crm.example"
+rate = 10
+limits = [ { rate = 5000, window = "24h" }, { rate = 300, window = "1m", spread = true } ]
+`
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crm, _ := cfg.Vendor("crm")
+	p := crm.Policy()
+	if !p.Quota(1) || p.Quota(2) || !p.Limits[2].Spread {
+		t.Errorf("limits %+v: want the day a quota and the minute spread", p.Limits)
+	}
+	// The tick keeps the spaced limits: 1.02 s / 10 = 102 ms for the
+	// second, 60.02 s / 300 = 200.067 ms for the spread minute; the day's
+	// quota does not space.
+	if iv, _ := p.Tick(); iv != 200067*time.Microsecond {
+		t.Errorf("tick %v: want the spread minute's 200.067ms", iv)
+	}
+	bad := strings.Replace(text, "spread = true", `spread = "yes"`, 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if err == nil || !strings.Contains(err.Error(), "c.toml:4") || !strings.Contains(err.Error(), "limits item 2") || !strings.Contains(err.Error(), "spread") {
+		t.Errorf("spread = \"yes\": %v", err)
+	}
+}

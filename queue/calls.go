@@ -81,12 +81,11 @@ func parseCallLine(text []byte) (Call, error) {
 		Path     *string           `json:"path"`
 		Headers  map[string]string `json:"headers"`
 		Body     json.RawMessage   `json:"body"`
-		Cost     *json.Number      `json:"cost"`
+		Cost     json.RawMessage   `json:"cost"`
 		Priority *string           `json:"priority"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
-	dec.UseNumber()
 	if err := dec.Decode(&j); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
@@ -111,7 +110,7 @@ func parseCallLine(text []byte) (Call, error) {
 		c.Method = *j.Method
 	}
 	if j.Cost != nil {
-		n, err := strconv.Atoi(j.Cost.String())
+		n, err := strconv.Atoi(string(j.Cost))
 		if err != nil || n < 1 {
 			return Call{}, fmt.Errorf(`"cost": %s: want a whole number of units, at least 1 (the default), e.g. "cost": 5`, j.Cost)
 		}

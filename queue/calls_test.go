@@ -2,8 +2,11 @@ package queue
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 func TestParseCalls(t *testing.T) {
@@ -77,4 +80,40 @@ func FuzzParseCalls(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseCallsCostAndPriority reads costs and lanes, and reports every
+// bad one with its line.
+func TestParseCallsCostAndPriority(t *testing.T) {
+	calls, err := ParseCalls(strings.NewReader(`{"path":"/a","cost":5,"priority":"high"}
+{"path":"/b"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := calls[0]; c.Cost != 5 || c.lane() != shaper.High {
+		t.Errorf("call 1 = %+v, want cost 5 and the high lane", c)
+	}
+	if c := calls[1]; c.Cost != 0 || c.lane() != shaper.Normal {
+		t.Errorf("call 2 = %+v, want the default cost and lane", c)
+	}
+	_, err = ParseCalls(strings.NewReader(`{"path":"/ok","cost":1}
+{"path":"/a","cost":0}
+{"path":"/a","cost":2.5}
+{"path":"/a","cost":"5"}
+{"path":"/a","cost":-3}
+{"path":"/a","priority":"urgent"}
+{"path":"/a","priority":""}
+`))
+	var lines []int
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var le *LineError
+		if !errors.As(e, &le) {
+			t.Fatalf("not a line error: %v", e)
+		}
+		lines = append(lines, le.Line)
+	}
+	if want := []int{2, 3, 4, 5, 6, 7}; !slices.Equal(lines, want) {
+		t.Errorf("bad lines %v, want %v\n%v", lines, want, err)
+	}
 }

@@ -47,6 +47,7 @@ func times(rs []vendorsim.Request) []time.Time {
 // sliding window) and logs the timings, which docs/results.md reports.
 func TestLongQuotaAtThePaceOfTheShortLimit(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // light: a minute of waiting, beside the others
 	e := newEnv(t)
 	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second),
 		More: []vendorsim.Fixed{{Rate: 300, Window: time.Minute, Phase: randomPhase(time.Minute)}}}
@@ -111,6 +112,7 @@ func TestLongQuotaAtThePaceOfTheShortLimit(t *testing.T) {
 // second; the share of the units the vendor allows is logged.
 func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	e := newEnv(t)
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second), CostHeader: "X-Cost"}
 	name := e.vendor("units", shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}, 0, vend)
@@ -167,6 +169,7 @@ func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 // asynq's schedule.
 func TestLongHighLaneGoesFirst(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	for _, perAccount := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per_account=%v", perAccount), func(t *testing.T) {
 			e := newEnv(t)

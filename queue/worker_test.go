@@ -428,6 +428,42 @@ func TestEnqueueErrors(t *testing.T) {
 	}
 }
 
+// TestEnqueueRefusesACostNoLimitAdmits: a call that costs more than a
+// limit allows in its window could never start; the file it is in is
+// refused with its line, and nothing of it is queued.
+func TestEnqueueRefusesACostNoLimitAdmits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	name := e.vendor("costs", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}, {Rate: 8, Window: time.Minute}}}, 0, http.NotFoundHandler())
+	c := e.newClient()
+	ctx := context.Background()
+	if _, err := c.Enqueue(ctx, Call{Vendor: name, Path: "/x", Cost: 9}); !errors.Is(err, ErrBadCall) || !strings.Contains(err.Error(), "8 per 1m") {
+		t.Errorf("cost 9 against a quota of 8 per minute: %v", err)
+	}
+	calls, err := ParseCalls(strings.NewReader("{\"path\":\"/a\",\"cost\":3}\n{\"path\":\"/b\",\"cost\":11}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.EnqueueBatch(ctx, name, calls)
+	var le *LineError
+	if !errors.As(err, &le) || le.Line != 2 || !errors.Is(err, ErrBadCall) {
+		t.Errorf("a file with a cost of 11 on line 2: %v", err)
+	}
+	if n, err := c.Waiting(ctx, name); err != nil || n != 0 {
+		t.Errorf("%d calls queued from a refused file (%v)", n, err)
+	}
+	if _, err := c.EnqueueTask(ctx, Target{Vendor: name}, asynq.NewTask("mine", nil), Cost(20)); !errors.Is(err, ErrBadCall) {
+		t.Errorf("a task costing 20: %v", err)
+	}
+	if _, err := c.Enqueue(ctx, Call{Vendor: name, Path: "/x", Cost: 8, Priority: "high"}); err != nil {
+		t.Errorf("cost 8, high: %v", err)
+	}
+	st, err := c.QueueStats(ctx, name)
+	if err != nil || st.HighPending != 1 || st.Pending != 1 {
+		t.Errorf("after one high call: %+v (%v), want it pending in the high lane", st, err)
+	}
+}
+
 func TestEnqueueIdempotent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

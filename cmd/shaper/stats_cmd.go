@@ -48,6 +48,11 @@ type VendorStats struct {
 	// ReplicaRates are the configured rates of live workers when they
 	// disagree (a rolling config edit); the gate uses the lowest.
 	ReplicaRates []float64 `json:"replica_rates,omitempty"`
+	// QueuedHigh counts the calls queued in the high lane (in Queued too).
+	QueuedHigh int64 `json:"queued_high"`
+	// Quotas is each quota's use of its window (see "Limits as vendors
+	// publish them" in the README).
+	Quotas []QuotaStats `json:"quotas,omitempty"`
 	// For a per-account vendor: how many accounts have calls planned
 	// ahead (a backlog), the --accounts N with the longest, and the
 	// --account detail.
@@ -133,6 +138,29 @@ func newStatsCmd() *cobra.Command {
 	return cmd
 }
 
+// QuotaStats is one quota of a bucket: its use of the last window (on the
+// safe side by up to 1/60 of it), what is left, and when a call of one
+// unit can go next.
+type QuotaStats struct {
+	Limit           string  `json:"limit"`
+	Rate            int     `json:"rate"`
+	Window          string  `json:"window"`
+	Used            int64   `json:"used"`
+	Left            int64   `json:"left"`
+	NextCallSeconds float64 `json:"next_call_seconds"`
+}
+
+func quotaStats(use []shaper.LimitUse) []QuotaStats {
+	var out []QuotaStats
+	for _, u := range use {
+		if u.Quota {
+			out = append(out, QuotaStats{Limit: u.Limit.String(), Rate: u.Limit.Rate, Window: durations.Format(u.Limit.Window),
+				Used: u.Used, Left: u.Left, NextCallSeconds: round2(u.NextIn.Seconds())})
+		}
+	}
+	return out
+}
+
 func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client, topN int, account string) (StatsReport, error) {
 	rep := StatsReport{At: time.Now().UTC(), Vendors: []VendorStats{}}
 	for _, v := range cfg.Vendors {
@@ -157,6 +185,7 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 			RateLimitedLastMinute: st.RateLimitedLastMinute, RateLimitedTotal: st.RateLimited,
 			PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason,
 			NextTickSeconds: st.NextTick.Seconds(), OldestQueuedSeconds: qs.Oldest.Seconds(),
+			QueuedHigh: qs.HighPending, Quotas: quotaStats(st.Limits),
 		}
 		if st.PausedFor > 0 {
 			vs.PausedUntil = rep.At.Add(st.PausedFor).Format(time.RFC3339)
@@ -215,6 +244,18 @@ func printStats(w io.Writer, rep StatsReport) {
 			time.Duration(v.OldestQueuedSeconds*float64(time.Second)).Round(time.Second), paused)
 	}
 	tw.Flush()
+	for _, v := range rep.Vendors {
+		for _, q := range v.Quotas {
+			next := "now"
+			if q.NextCallSeconds > 0 {
+				next = "in " + time.Duration(q.NextCallSeconds*float64(time.Second)).Round(time.Second).String()
+			}
+			fmt.Fprintf(w, "\n%s: quota %s: %d used, %d left, next call %s", v.Vendor, q.Limit, q.Used, q.Left, next)
+		}
+		if len(v.Quotas) > 0 {
+			fmt.Fprintln(w)
+		}
+	}
 	for _, v := range rep.Vendors {
 		if v.AccountsWithBacklog == nil {
 			continue
