@@ -225,19 +225,27 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 			}
 			sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
 			s := vend.Summarize()
+			// A per-account vendor's planned calls come back from asynq's
+			// schedule a second's worth at a time (its schedule is in whole
+			// seconds) and race to the gate: they may move within that
+			// second's batch, as before lanes.
+			far := 5
+			if perAccount {
+				far = p.Limits[0].Rate + 5
+			}
 			moved := 0
 			for i, n := range order {
-				if abs(n-i) > 5 {
+				if abs(n-i) > far {
 					moved++
 				}
 			}
-			t.Logf("high calls behind %d normal ones: start p50 %v, max %v after their enqueue; %d normal calls done, %d moved more than 5 places; %d 429s",
-				len(normal), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), len(order), moved, s.RateLimited)
+			t.Logf("high calls behind %d normal ones: start p50 %v, max %v after their enqueue; %d normal calls done, %d moved more than %d places; %d 429s",
+				len(normal), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), len(order), moved, far, s.RateLimited)
 			if s.RateLimited != 0 || s.DuplicateKeys != 0 {
 				t.Errorf("%d 429s, %d repeated", s.RateLimited, s.DuplicateKeys)
 			}
 			if moved > len(order)/20 {
-				t.Errorf("%d of %d normal calls moved more than 5 places: the normal lane lost its order", moved, len(order))
+				t.Errorf("%d of %d normal calls moved more than %d places: the normal lane lost its order", moved, len(order), far)
 			}
 			// Far more than a second and a tick is the lane not working.
 			if waits[len(waits)-1] > 10*time.Second {
