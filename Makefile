@@ -33,8 +33,10 @@ test-long:
 	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(or $(LONG_PKGS),./...)
 	$(GO) test -count=1 -p 1 -parallel 9 -timeout 10m -run $(UNRACED) ./queue
 
-# The gate's own speed, then the side-by-side benchmark against the
-# alternatives (writes docs/bench.md and docs/bench.svg; about 8 minutes).
+# The gate's own speed (BenchmarkReserve) and Redis CPU per grant beside
+# redis_rate's GCRA (BenchmarkRedisCPU, redis-µs/grant), then the
+# side-by-side benchmark against the alternatives (writes docs/bench.md
+# and docs/bench.svg; about 8 minutes).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
 	benchstat bench.txt
