@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/internal/windows"
@@ -252,5 +254,50 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 				t.Errorf("a high call waited %v behind the normal ones", waits[len(waits)-1])
 			}
 		})
+	}
+}
+
+// TestSpentQuotaWaitsInTheQueue: a quota of 5 calls a minute at 50 a
+// second, 8 calls. 5 go at once; the other 3 wait beyond max_wait, so
+// they go back to the queue without using a retry and the vendor's asynq
+// queue is paused until the quota frees. (It does not wait the minute
+// out.)
+func TestSpentQuotaWaitsInTheQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	name := e.vendor("spent", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}, {Rate: 5, Window: time.Minute}}}, 0, vend)
+	c := e.newClient()
+	enqueueN(t, c, name, 8)
+	e.startWorker(nil)
+	waitFor(t, 20*time.Second, "5 calls", func() bool { return vend.Summarize().DistinctKeys == 5 })
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	waitFor(t, 20*time.Second, "the vendor's queue to be paused", func() bool {
+		qi, err := insp.GetQueueInfo(QueueName(name))
+		return err == nil && qi.Paused
+	})
+	tasks, err := insp.ListRetryTasks(QueueName(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, err := insp.ListPendingTasks(QueueName(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks = append(tasks, pending...)
+	if len(tasks) != 3 {
+		t.Errorf("%d calls waiting in the queue, want 3", len(tasks))
+	}
+	for _, ti := range tasks {
+		if ti.Retried != 0 {
+			t.Errorf("call %s used %d retries waiting for the quota", ti.ID, ti.Retried)
+		}
+	}
+	st, err := e.newClient().QueueStats(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := vend.Summarize(); s.Requests != 5 || s.RateLimited != 0 {
+		t.Errorf("the vendor saw %d requests (%d 429s), want the 5 the quota allows (queue: %+v)", s.Requests, s.RateLimited, st)
 	}
 }
