@@ -78,6 +78,8 @@ type AccountDetails struct {
 	NextTickSeconds  float64 `json:"next_tick_seconds"`
 	PausedForSeconds float64 `json:"paused_for_seconds"`
 	PauseReason      string  `json:"pause_reason"`
+	// Quotas is each of the account's own quotas (see VendorStats).
+	Quotas []QuotaStats `json:"quotas,omitempty"`
 }
 
 // StatsReport is the whole of `shaper stats --json`.
@@ -275,6 +277,9 @@ func printStats(w io.Writer, rep StatsReport) {
 				fmt.Fprintf(w, " (%s: %s)", a.RateSource, a.RateReason)
 			}
 			fmt.Fprintf(w, ", next tick in %s", time.Duration(a.NextTickSeconds*float64(time.Second)).Round(time.Millisecond))
+			for _, q := range a.Quotas {
+				fmt.Fprintf(w, ", quota %s: %d used, %d left", q.Limit, q.Used, q.Left)
+			}
 			if a.PausedForSeconds > 0 {
 				fmt.Fprintf(w, ", paused %s (%s)", time.Duration(a.PausedForSeconds*float64(time.Second)).Round(time.Second), a.PauseReason)
 			}
@@ -313,6 +318,6 @@ func accountStats(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *V
 	}
 	vs.Account = &AccountDetails{Account: account, EffectiveRate: round2(st.EffectiveRate), ConfiguredRate: round2(st.ConfiguredRate),
 		RateSource: st.RateSource, RateReason: st.RateReason, NextTickSeconds: st.NextTick.Seconds(),
-		PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason}
+		PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason, Quotas: quotaStats(st.Limits)}
 	return nil
 }
