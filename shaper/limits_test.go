@@ -418,3 +418,36 @@ func TestCountUsedRaisesTheQuota(t *testing.T) {
 		t.Errorf("the 11th call after the announcement came %v after the 10th: the quota had only 10 left", gap)
 	}
 }
+
+// TestQuotaStaleCopyCountsSpent: the state was written by another Redis
+// server (a replica promoted by a failover, a restart from a snapshot):
+// it may lack the last grants, so its quota counts as spent for its
+// window, like the rest of the lost state.
+func TestQuotaStaleCopyCountsSpent(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	b, err := g.Bucket("crm", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}, {Rate: 500, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulate(t, b, clk, 20, one)
+	if info, err := rdb.Info(ctx, "server").Result(); err != nil || !regexp.MustCompile(`run_id:\w+`).MatchString(info) {
+		t.Fatalf("INFO server gives no run_id here (%v): the tests' Redis must allow it", err)
+	}
+	// As a copy from another server: its epoch and state name that one.
+	if err := rdb.Set(ctx, b.keys.epoch, "0123456789abcdef|0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, b.keys.gate, "run", "0123456789abcdef").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.reserve(ctx, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ok || r.reason != stateReset || r.wait < 59*time.Minute {
+		t.Errorf("a stale copy's quota: %+v, want a reset waiting about the quota's hour", r)
+	}
+}
