@@ -20,7 +20,7 @@ import (
 
 var (
 	overrideKeys = []string{"account", "rate", "window", "burst", "guard", "limits", "max_in_flight"}
-	totalKeys    = []string{"rate", "window"}
+	totalKeys    = []string{"rate", "window", "limits"}
 )
 
 // accountRef is the placeholder of a call's account in base_url.
@@ -48,7 +48,7 @@ func (p *parser) accounts(t string, tbl map[string]any, vd *Vendor, vendorOK boo
 		if !vd.PerAccount {
 			p.errorf(t+".total", "", "needs per_account = true in [%s]: a total limits all of a vendor's accounts together, and %s (without it, rate is already the vendor's total)", t, why)
 		}
-		vd.Total = p.total(t, raw, *vd, vendorOK)
+		vd.Total, vd.TotalLimits = p.total(t, raw, *vd, vendorOK)
 	}
 }
 
@@ -147,12 +147,12 @@ func (p *parser) overrides(t string, raw any, vd Vendor, vendorOK bool) []Overri
 }
 
 // total reads the [vendors.NAME.total] table of vendor table t.
-func (p *parser) total(t string, raw any, vd Vendor, vendorOK bool) *shaper.Limit {
+func (p *parser) total(t string, raw any, vd Vendor, vendorOK bool) (*shaper.Limit, []shaper.Limit) {
 	tt := t + ".total"
 	m, ok := raw.(map[string]any)
 	if !ok {
 		p.errorf(t, "total", "must be a table: [%s] with rate and window", tt)
-		return nil
+		return nil, nil
 	}
 	before := len(p.errs)
 	p.unknownKeys(tt, m, totalKeys)
@@ -166,15 +166,22 @@ func (p *parser) total(t string, raw any, vd Vendor, vendorOK bool) *shaper.Limi
 	if l.Window <= 0 {
 		p.errorf(tt, "window", "%s: a window must be positive, e.g. window = \"1s\"", l.Window)
 	}
+	more := limits(m["limits"], func(n int, format string, args ...any) {
+		if n == 0 {
+			p.errorf(tt, "limits", format, args...)
+			return
+		}
+		p.errorAt(locateItem(p.text, tt, "limits", n), fmt.Sprintf("%s.limits item %d", tt, n), format, args...)
+	})
 	if len(p.errs) > before {
-		return nil
+		return nil, nil
 	}
-	vd.Total = &l
+	vd.Total, vd.TotalLimits = &l, more
 	if err := vd.TotalPolicy().Validate(); vendorOK && err != nil {
 		p.errorf(tt, "window", "%w: the total is shaped with the vendor's guard; lengthen the window or lower the guard", err)
-		return nil
+		return nil, nil
 	}
-	return &l
+	return &l, more
 }
 
 // rawInt reads a whole number >= lo from the raw parse; problems go to

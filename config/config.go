@@ -133,8 +133,10 @@ type Vendor struct {
 	// account.
 	Overrides []Override
 	// Total is the [vendors.NAME.total] table: a limit over all of the
-	// vendor's accounts together; nil when absent.
-	Total *shaper.Limit
+	// vendor's accounts together; nil when absent. TotalLimits are its
+	// limits key: more limits over all accounts (a longer one is a quota).
+	Total       *shaper.Limit
+	TotalLimits []shaper.Limit
 }
 
 // Override is one item of account_overrides, resolved: the account's
@@ -222,7 +224,7 @@ func (v Vendor) TotalPolicy() *shaper.Policy {
 	if v.Total == nil {
 		return nil
 	}
-	return &shaper.Policy{Limits: []shaper.Limit{*v.Total}, Guard: v.Guard, NoGuard: v.Guard == 0}
+	return &shaper.Policy{Limits: append([]shaper.Limit{*v.Total}, v.TotalLimits...), Guard: v.Guard, NoGuard: v.Guard == 0}
 }
 
 // Vendor returns the named vendor.

@@ -305,3 +305,37 @@ limits = [ { rate = 5000, window = "24h" }, { rate = 300, window = "1m", spread 
 		t.Errorf("spread = \"yes\": %v", err)
 	}
 }
+
+// TestTotalLimits: a per-account vendor's total takes limits too; a
+// daily one is a quota of all accounts together.
+func TestTotalLimits(t *testing.T) {
+	path := t.TempDir() + "/c.toml"
+	text := `[vendors.shop]
+base_url = "https://{account}.shop.example"
+per_account = true
+rate = 2
+
+[vendors.shop.total]
+rate = 40
+limits = [ { rate = 250000, window = "24h" } ]
+`
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, _ := cfg.Vendor("shop")
+	tp := shop.TotalPolicy()
+	if tp == nil || len(tp.Limits) != 2 || !tp.Quota(1) || tp.Limits[1].Rate != 250000 {
+		t.Fatalf("total policy %+v: want 40 per 1s and a daily quota of 250000", tp)
+	}
+	bad := strings.Replace(text, `window = "24h"`, `window = "a day"`, 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "c.toml:8") || !strings.Contains(err.Error(), "total.limits item 1") {
+		t.Errorf("a bad total limit: %v", err)
+	}
+}

@@ -451,3 +451,47 @@ func TestQuotaStaleCopyCountsSpent(t *testing.T) {
 		t.Errorf("a stale copy's quota: %+v, want a reset waiting about the quota's hour", r)
 	}
 }
+
+// TestTotalQuotaAcrossAccounts: a group's total has a quota of 100 an
+// hour; two accounts together get 100, not 100 each.
+func TestTotalQuotaAcrossAccounts(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	grp, err := g.Group("shop", &Policy{Limits: []Limit{{Rate: 40, Window: time.Second}, {Rate: 100, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buckets []*Bucket
+	for _, a := range []string{"a", "b"} {
+		b, err := grp.Bucket(a, Policy{Limits: []Limit{{Rate: 20, Window: time.Second}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buckets = append(buckets, b)
+	}
+	granted := 0
+	for i := 0; i < 400; i++ {
+		r, err := buckets[i%2].reserve(ctx, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ok {
+			granted++
+		} else if r.reason == beyondHorizon && r.wait > 10*time.Minute {
+			break // the quota is spent
+		} else {
+			clk.advance(max(r.wait, time.Millisecond))
+		}
+	}
+	if granted != 100 {
+		t.Errorf("%d calls granted to two accounts under a total quota of 100 an hour", granted)
+	}
+	use, err := buckets[0].TotalLimits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(use) != 2 || !use[1].Quota || use[1].Used != 100 || use[1].Left != 0 {
+		t.Errorf("the total's limits: %+v", use)
+	}
+}
