@@ -69,10 +69,16 @@ type vendorRuntime struct {
 	// While the vendor's queue has work (see demand.go): its server, the
 	// end of its supervisor, and the supervisor's end. Run's goroutine
 	// alone starts and stops them.
-	server *asynq.Server
-	stop   context.CancelFunc
-	done   chan struct{}
+	server     *asynq.Server
+	highServer *asynq.Server // the high lane's
+	stop       context.CancelFunc
+	done       chan struct{}
 }
+
+// highConcurrency is the high lane's worker budget beside a normal one:
+// an eighth of it, at least 4. High calls are the few that must not wait
+// behind a backlog; more of them at once wait at the gate anyway.
+func highConcurrency(normal int) int { return max(4, normal/8) }
 
 // bucket is the vendor's current gate bucket (it changes on reload); for a
 // per-account vendor it reads the vendor's group-wide stats.
@@ -429,24 +435,36 @@ func (w *Worker) current(rt *vendorRuntime) bool {
 
 // start starts a vendor's asynq server and supervisor, on Run's goroutine.
 func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
-	server := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
-		Concurrency:              rt.vendor.concurrency(),
-		Queues:                   map[string]int{rt.high: 2, rt.queue: 1},
-		StrictPriority:           true, // the high lane first
-		TaskCheckInterval:        100 * time.Millisecond,
-		DelayedTaskCheckInterval: rt.vendor.forwardEvery(),
-		ShutdownTimeout:          w.cfg.ShutdownTimeout,
-		IsFailure:                isFailure,
-		RetryDelayFunc:           w.retryDelay,
-		Logger:                   asynqLogger{w.log.With("vendor", rt.vendor.Name), &w.health},
-		LogLevel:                 asynq.WarnLevel,
-	})
+	// Two servers: the normal lane's, and the high lane's with a budget of
+	// its own, so that a high call is picked up at once however many
+	// normal ones this process holds, and so that the normal server
+	// dequeues from one queue (asynq polls each queue of a server in
+	// turn: a second queue would cost every dequeue a round trip).
+	config := func(queue string, concurrency int) asynq.Config {
+		return asynq.Config{
+			Concurrency:              concurrency,
+			Queues:                   map[string]int{queue: 1},
+			TaskCheckInterval:        100 * time.Millisecond,
+			DelayedTaskCheckInterval: rt.vendor.forwardEvery(),
+			ShutdownTimeout:          w.cfg.ShutdownTimeout,
+			IsFailure:                isFailure,
+			RetryDelayFunc:           w.retryDelay,
+			Logger:                   asynqLogger{w.log.With("vendor", rt.vendor.Name), &w.health},
+			LogLevel:                 asynq.WarnLevel,
+		}
+	}
+	server := asynq.NewServerFromRedisClient(w.rdb, config(rt.queue, rt.vendor.concurrency()))
 	if err := server.Start(w.handle(rt)); err != nil {
 		return fmt.Errorf("queue: start the worker of vendor %s: %w", rt.vendor.Name, err)
 	}
+	high := asynq.NewServerFromRedisClient(w.rdb, config(rt.high, highConcurrency(rt.vendor.concurrency())))
+	if err := high.Start(w.handle(rt)); err != nil {
+		server.Shutdown()
+		return fmt.Errorf("queue: start the high lane's worker of vendor %s: %w", rt.vendor.Name, err)
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	rt.server, rt.stop, rt.done = server, cancel, done
+	rt.server, rt.highServer, rt.stop, rt.done = server, high, cancel, done
 	w.serving.Add(1)
 	go func() {
 		defer close(done)
@@ -459,12 +477,15 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 // detach takes rt's server and supervisor off it, on Run's goroutine, and
 // returns the function that stops them and waits.
 func (w *Worker) detach(rt *vendorRuntime) (stop func()) {
-	server, cancel, done := rt.server, rt.stop, rt.done
-	rt.server, rt.stop, rt.done = nil, nil, nil
+	server, high, cancel, done := rt.server, rt.highServer, rt.stop, rt.done
+	rt.server, rt.highServer, rt.stop, rt.done = nil, nil, nil, nil
 	w.serving.Add(-1)
 	return func() {
 		cancel()
-		server.Shutdown()
+		var wg sync.WaitGroup
+		wg.Go(server.Shutdown)
+		wg.Go(high.Shutdown)
+		wg.Wait()
 		<-done
 	}
 }
