@@ -495,3 +495,42 @@ func TestTotalQuotaAcrossAccounts(t *testing.T) {
 		t.Errorf("the total's limits: %+v", use)
 	}
 }
+
+// TestCostlyCallsAfterUnitCalls: calls of one unit, then costlier ones,
+// for a bucket of its own and one under a total with a quota. The first
+// costly call counts the window before it as full (its units were not
+// counted), so it waits up to a window; after it the calls flow, and no
+// second holds more than the limit's units. (A costly call deferred once
+// used to count that window as full again on every try, and never got a
+// tick.)
+func TestCostlyCallsAfterUnitCalls(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	alone, err := g.Bucket("alone", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grp, err := g.Group("shop", &Policy{Limits: []Limit{{Rate: 40, Window: time.Second}, {Rate: 1000, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	account, err := grp.Bucket("a", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []*Bucket{alone, account} {
+		calls := simulate(t, b, clk, 30, func(i int) Request {
+			if i < 15 {
+				return Request{}
+			}
+			return Request{Cost: 2 + i%3}
+		})
+		gap := time.Duration(calls[15].at-calls[14].at) * time.Microsecond
+		if gap > 1100*time.Millisecond {
+			t.Errorf("%s: the first costly call came %v after the last unit call, want at most a window and a guard", b.Name(), gap)
+		}
+		if n := maxUnits(calls, time.Second); n > 10 {
+			t.Errorf("%s: %d units in a second, limit 10", b.Name(), n)
+		}
+	}
+}

@@ -491,13 +491,18 @@ local function spaced_span(cs)
   return w
 end
 
--- counted_spaced(key, cs, costly_until, l, now): at the first call of
--- more than one unit after calls of one unit only (costly_until past),
--- the spaced counters of cs did not count those calls: count each as
--- spent up to l, the last tick granted (nothing when that is a window
--- ago).
-local function counted_spaced(key, cs, costly_until, l, now)
-  if costly_until > now or l == nil then return end
+-- counted_spaced(key, cs, costly_until, l, now, state, field): at the
+-- first call of more than one unit after calls of one unit only
+-- (costly_until past), the spaced counters of cs did not count those
+-- calls: count each as spent up to l, the last tick granted (nothing when
+-- that is a window ago), and mark the counters in use from now on (field
+-- of hash state), so that the next costly call, granted or not, does not
+-- count them as spent again.
+local function counted_spaced(key, cs, costly_until, l, now, state, field)
+  if costly_until > now then return end
+  local span = spaced_span(cs)
+  redis.call('HSET', state, field, fmt(math.max(l or now, now) + span))
+  if l == nil then return end
   for _, c in ipairs(cs) do
     if c.kind ~= 'q' and l + c.span + c.slot > now then counter_fill(key, c, l, now) end
   end
@@ -598,16 +603,17 @@ local reason = 1
 -- full (see counted_spaced).
 local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st[11]) or 0) > now)
 local totals = {}
-local total_costly = 0
+local total_costly, total_last = 0, nil
 if tiv > 0 then
-  total_costly = tonumber(redis.call('HGET', k_total, 'costly_until')) or 0
+  local tc = redis.call('HMGET', k_total, 'costly_until', 'last')
+  total_costly, total_last = tonumber(tc[1]) or 0, tonumber(tc[2])
   totals = counters_in_use(parse_limits(a_total_limits), a_cost > 1 or total_costly > now)
 end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
-  counted_spaced(k_counts, own, tonumber(st[11]) or 0, last, now)
-  counted_spaced(k_total_counts, totals, total_costly, now + a_horizon, now)
+  counted_spaced(k_counts, own, tonumber(st[11]) or 0, last, now, k_gate, 'costly_until')
+  if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, total_last, now, k_total, 'costly_until') end
 end
 -- A lost state's next tick comes at l (the old one may have granted
 -- ticks up to there), its log rebuilt to match, every spaced counter
