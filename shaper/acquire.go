@@ -30,7 +30,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	lease := p.lease
 	p.lease = ""
-	return p.bucket.giveUp(ctx, lease, "", 0)
+	return p.bucket.giveUp(ctx, lease, "", 0, 1)
 }
 
 // Lane is a call's priority within its bucket: a high call goes ahead of
@@ -144,7 +144,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		earliest := sent.Add(r.wait)
 		tick := recv.Add(r.wait)
 		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
-			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick)
+			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost)
 			return nil, 0, err
 		}
 		now := clock.Now()
@@ -154,7 +154,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			tolerance = min(tolerance, r.tolerance)
 		}
 		if late > tolerance {
-			if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick); err != nil {
+			if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, req.Cost); err != nil {
 				return nil, 0, err
 			}
 			continue
@@ -162,7 +162,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		if b.gate.pausedAt(l, now) || b.gate.respacedSince(l, sent) {
 			// Granted before a pause began (the vendor just said stop), or
 			// at a spacing that has since changed: ask again.
-			if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick); err != nil {
+			if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick, req.Cost); err != nil {
 				return nil, 0, err
 			}
 			continue

@@ -534,3 +534,30 @@ func TestCostlyCallsAfterUnitCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestGivenUpTickLeavesTheQuota: a tick given up (its caller woke too
+// late, a pause began) started no call: its units leave the quota.
+func TestGivenUpTickLeavesTheQuota(t *testing.T) {
+	g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	ctx := context.Background()
+	b, err := g.Bucket("gh", Policy{Limits: []Limit{{Rate: 50, Window: time.Second}, {Rate: 100, Window: time.Hour}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulate(t, b, clk, 5, func(int) Request { return Request{Cost: 2} })
+	r, err := b.reserve(ctx, Request{Cost: 3})
+	if err != nil || !r.ok {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 3); err != nil {
+		t.Fatal(err)
+	}
+	use, err := b.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use[1].Used != 10 {
+		t.Errorf("the quota counts %d after 5 calls of 2 and a given-up tick of 3, want 10", use[1].Used)
+	}
+}

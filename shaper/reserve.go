@@ -868,18 +868,38 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 	return args
 }
 
-// giveUpScript frees an in-flight lease, counts a tick given up and takes
-// it out of the ticks list.
+// giveUpScript frees an in-flight lease, counts a tick given up, takes
+// it out of the ticks list, and takes its units out of the quotas that
+// counted them (a call that never started used none; the spaced limits'
+// counters keep them, on the safe side, as they may not have counted
+// them).
 //
-// KEYS[1] in-flight sorted set, KEYS[2] stats hash, KEYS[3] ticks list.
+// KEYS[1] in-flight sorted set, KEYS[2] stats hash, KEYS[3] ticks list,
+// KEYS[4] the bucket's counters, KEYS[5] the group total's counters.
 // ARGV[1] Redis time override (unused), ARGV[2] lease id ("" for none),
 // ARGV[3] the counter to add one to ("late", "dropped") or "", ARGV[4]
-// the tick given up (µs; 0: none).
+// the tick given up (µs; 0: none), ARGV[5] its cost, ARGV[6] the bucket's
+// limits, ARGV[7] the total's (limitSpec; "" without one).
 // Returns 0.
-var giveUpScript = redis.NewScript(`
-if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
-if ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
-if ARGV[4] ~= '0' then redis.call('LREM', KEYS[3], 1, ARGV[4]) end
+var giveUpScript = redis.NewScript(extendLua + countersLua + `
+local k_inflight, k_stats, k_ticks, k_counts, k_total_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local a_tick_s, a_lease, a_counter = ARGV[4], ARGV[2], ARGV[3]
+local a_tick, a_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local a_limits, a_total_limits = ARGV[6], ARGV[7]
+if a_lease ~= '' then redis.call('ZREM', k_inflight, a_lease) end
+if a_counter ~= '' then redis.call('HINCRBY', k_stats, a_counter, 1) end
+if a_tick > 0 then
+  redis.call('LREM', k_ticks, 1, a_tick_s)
+  for _, pair in ipairs({{k_counts, a_limits}, {k_total_counts, a_total_limits}}) do
+    for _, c in ipairs(parse_limits(pair[2])) do
+      local field = c.id .. ':' .. fmt(math.floor(a_tick / c.slot))
+      if c.kind == 'q' and redis.call('HEXISTS', pair[1], field) == 1 then
+        if redis.call('HINCRBY', pair[1], field, -a_cost) <= 0 then redis.call('HDEL', pair[1], field) end
+        if redis.call('HINCRBY', pair[1], c.id .. ':sum', -a_cost) < 0 then redis.call('HSET', pair[1], c.id .. ':sum', 0) end
+      end
+    end
+  end
+end
 return 0
 `)
 
@@ -892,12 +912,16 @@ const (
 // giveUp frees lease (if any), counts why its tick went unused (if
 // counter is set) and takes the tick out of the ticks list (if tick > 0:
 // a tick granted and never used).
-func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick int64) error {
+func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick int64, cost int) error {
 	if lease == "" && counter == "" && tick == 0 {
 		return nil
 	}
-	if err := giveUpScript.Run(ctx, b.gate.rdb, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks}, 0, lease, counter,
-		strconv.FormatInt(tick, 10)).Err(); err != nil {
+	var total string
+	if b.total != nil {
+		total = b.total.limits
+	}
+	if err := giveUpScript.Run(ctx, b.gate.rdb, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
+		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total).Err(); err != nil {
 		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil

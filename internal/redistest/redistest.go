@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,4 +215,48 @@ func (s *Server) Restart() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// StartCluster starts a Redis Cluster of n masters (no replicas) on free
+// ports, each a redis-server of the test's own, and returns their
+// addresses once every node reports the cluster ok. The servers stop when
+// the test ends.
+func StartCluster(tb testing.TB, n int) []string {
+	tb.Helper()
+	ctx := context.Background()
+	var addrs []string
+	var nodes []*redis.Client
+	for range n {
+		s := Start(tb, "--cluster-enabled", "yes", "--dir", tb.TempDir(), "--cluster-node-timeout", "2000")
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		tb.Cleanup(func() { _ = c.Close() })
+		addrs, nodes = append(addrs, s.Addr), append(nodes, c)
+	}
+	const slots = 16384
+	for i, c := range nodes {
+		lo, hi := i*slots/n, (i+1)*slots/n-1
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			tb.Fatalf("redistest: cluster slots %d-%d on %s: %v", lo, hi, addrs[i], err)
+		}
+		if i > 0 {
+			host, port, _ := net.SplitHostPort(addrs[i])
+			if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+				tb.Fatalf("redistest: cluster meet %s: %v", addrs[i], err)
+			}
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, c := range nodes {
+		for {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redistest: the cluster of %v is not ok after 20s: %v\n%s", addrs, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return addrs
 }
