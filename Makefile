@@ -5,8 +5,9 @@ STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin
 
 .PHONY: test test-long bench bench-idle lint fuzz faults
 
-# Every guarantee (G1-G8) on a real Redis: 4.5 minutes with a warm build
-# cache, 7.7 from a cold one (measured 2026-12-02). -p 1: the
+# Every guarantee (G1-G8) on a real Redis: 5.3 minutes with a warm build
+# cache (measured 2026-12-02; 7.7 from a cold one before the quota, cost
+# and lane tests). -p 1: the
 # timing tests of different packages must not compete for the machine's
 # two cores. -parallel 8: light scenarios of one package (the learning
 # runs, functional queue tests) run side by side. -short skips the long
