@@ -46,14 +46,7 @@ func TestParseCallsReportsEveryBadLine(t *testing.T) {
 {"path":"/x","headers":{"Idempotency-Key":"k"}}
 `
 	_, err := ParseCalls(strings.NewReader(in))
-	var lines []int
-	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-		var le *LineError
-		if !errors.As(e, &le) {
-			t.Fatalf("not a line error: %v", e)
-		}
-		lines = append(lines, le.Line)
-	}
+	lines := badLines(t, err)
 	want := []int{2, 3, 5, 6, 7, 8, 9, 10}
 	if len(lines) != len(want) {
 		t.Fatalf("bad lines %v, want %v\n%v", lines, want, err)
@@ -105,15 +98,26 @@ func TestParseCallsCostAndPriority(t *testing.T) {
 {"path":"/a","priority":"urgent"}
 {"path":"/a","priority":""}
 `))
+	lines := badLines(t, err)
+	if want := []int{2, 3, 4, 5, 6, 7}; !slices.Equal(lines, want) {
+		t.Errorf("bad lines %v, want %v\n%v", lines, want, err)
+	}
+}
+
+// badLines returns the line numbers of ParseCalls' joined *LineErrors.
+func badLines(t *testing.T, err error) []int {
+	t.Helper()
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		t.Fatalf("not joined line errors: %v", err)
+	}
 	var lines []int
-	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+	for _, e := range joined.Unwrap() {
 		var le *LineError
 		if !errors.As(e, &le) {
 			t.Fatalf("not a line error: %v", e)
 		}
 		lines = append(lines, le.Line)
 	}
-	if want := []int{2, 3, 4, 5, 6, 7}; !slices.Equal(lines, want) {
-		t.Errorf("bad lines %v, want %v\n%v", lines, want, err)
-	}
+	return lines
 }

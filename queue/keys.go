@@ -8,8 +8,9 @@ import "github.com/shaper-dev/shaper/shaper"
 // QueueName is the asynq queue of a vendor's bucket (its normal lane).
 func QueueName(vendor string) string { return "vendor:" + bucketName(vendor) }
 
-// HighQueueName is the asynq queue of a vendor's high lane: a worker
-// takes its tasks before any of QueueName's (strict priority).
+// HighQueueName is the asynq queue of a vendor's high lane, served by an
+// asynq server of its own in each worker (see Worker.start), so that its
+// tasks do not wait behind QueueName's.
 func HighQueueName(vendor string) string { return QueueName(vendor) + ":high" }
 
 // laneQueue is the asynq queue of a lane of vendor.

@@ -69,7 +69,7 @@ var ErrCost = errors.New("shaper: invalid cost")
 func (b *Bucket) MaxCost() int {
 	m := b.policy.MaxCost()
 	if b.total != nil {
-		m = min(m, b.totalPolicy.MaxCost())
+		m = min(m, b.total.policy.MaxCost())
 	}
 	return m
 }

@@ -71,10 +71,8 @@ type Bucket struct {
 	keep     time.Duration // how long the state outlives its last tick: longest window + guard
 	total    *totalTick    // the group's total limit, if any
 	limits   string        // limitSpec of the policy
-	// totalPolicy is the group's total (zero without one).
-	totalPolicy Policy
-	keys        bucketKeys
-	made        uint64 // order among the gate's handles: a later handle holds a newer policy
+	keys     bucketKeys
+	made     uint64 // order among the gate's handles: a later handle holds a newer policy
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

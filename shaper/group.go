@@ -14,8 +14,6 @@ type Group struct {
 	gate  *Gate
 	name  string
 	total *totalTick
-	// totalPolicy is the total's policy with defaults (nil: no total).
-	totalPolicy Policy
 }
 
 // Name returns the group's name.
@@ -28,7 +26,8 @@ type totalTick struct {
 	span     time.Duration // primary window + guard
 	rate     float64       // calls per primary window, after guard
 	window   time.Duration
-	limits   string // limitSpec of the total's policy
+	policy   Policy // the total's policy, with defaults
+	limits   string // limitSpec of policy
 }
 
 // Group returns the handle of group name; total, when not nil, is a limit
@@ -40,14 +39,13 @@ func (g *Gate) Group(name string, total *Policy) (*Group, error) {
 	}
 	grp := &Group{gate: g, name: name}
 	if total != nil {
-		grp.totalPolicy = total.withDefaults()
 		if err := total.Validate(); err != nil {
 			return nil, fmt.Errorf("shaper: group %q: total: %w", name, err)
 		}
 		t := total.withDefaults()
 		iv, burst := t.Tick()
 		grp.total = &totalTick{interval: iv, burst: burst, span: t.Limits[0].Window + t.Guard,
-			rate: EffectiveRate(iv, burst, t.Limits[0].Window), window: t.Limits[0].Window, limits: limitSpec(t)}
+			rate: EffectiveRate(iv, burst, t.Limits[0].Window), window: t.Limits[0].Window, policy: t, limits: limitSpec(t)}
 	}
 	return grp, nil
 }
@@ -75,10 +73,12 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 	for _, l := range p.Limits {
 		keep = max(keep, l.Window)
 	}
-	for _, l := range grp.totalPolicy.Limits {
-		keep = max(keep, l.Window)
+	if grp.total != nil {
+		for _, l := range grp.total.policy.Limits {
+			keep = max(keep, l.Window)
+		}
 	}
 	keep += p.Guard
 	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep,
-		total: grp.total, totalPolicy: grp.totalPolicy, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1)}, nil
+		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1)}, nil
 }

@@ -30,11 +30,7 @@ var limitsScript = redis.NewScript(extendLua + countersLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
 local a_limits = ARGV[2]
-local now = a_now
-if not now or now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = redis_now(a_now)
 local out = {}
 for _, c in ipairs(parse_limits(a_limits)) do
   counter_load(k_counts, c, now, false)
@@ -47,7 +43,7 @@ return out
 // Limits reads what each limit of the bucket has used, in the order of
 // its policy's Limits, in one round trip.
 func (b *Bucket) Limits(ctx context.Context) ([]LimitUse, error) {
-	return readLimits(ctx, b.gate, b.name, b.keys.counts, b.policy)
+	return readLimits(ctx, b.gate, b.name, b.keys.counts, b.policy, b.limits)
 }
 
 // TotalLimits reads what each limit of the bucket's group total has used
@@ -56,11 +52,13 @@ func (b *Bucket) TotalLimits(ctx context.Context) ([]LimitUse, error) {
 	if b.total == nil {
 		return nil, nil
 	}
-	return readLimits(ctx, b.gate, b.name, b.keys.totalCounts, b.totalPolicy)
+	return readLimits(ctx, b.gate, b.name, b.keys.totalCounts, b.total.policy, b.total.limits)
 }
 
-func readLimits(ctx context.Context, g *Gate, name, key string, p Policy) ([]LimitUse, error) {
-	res, err := limitsScript.Run(ctx, g.rdb, []string{key}, g.redisNow(), limitSpec(p)).Int64Slice()
+// readLimits reads the counters in key of policy p, whose limitSpec is
+// spec.
+func readLimits(ctx context.Context, g *Gate, name, key string, p Policy, spec string) ([]LimitUse, error) {
+	res, err := limitsScript.Run(ctx, g.rdb, []string{key}, g.redisNow(), spec).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("shaper: read the limits of %q: %w", name, err)
 	}
@@ -89,11 +87,7 @@ local a_limits = ARGV[2]
 local a_limit = tonumber(ARGV[3])
 local a_used = tonumber(ARGV[4])
 local a_keep = tonumber(ARGV[5])
-local now = a_now
-if not now or now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = redis_now(a_now)
 local c = parse_limits(a_limits)[a_limit]
 if c == nil then return 0 end
 counter_load(k_counts, c, now, true)

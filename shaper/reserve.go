@@ -85,6 +85,14 @@ end
 const countersLua = `
 local function fmt(x) return string.format('%d', x) end
 
+-- redis_now(override): Redis TIME in µs, or the override when positive
+-- (ARGV[1] of every script, bound by each).
+local function redis_now(override)
+  if override and override > 0 then return override end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- parse_limits(spec) reads "kind:rate:span:slot,..." (see limitSpec:
 -- kind q a quota, c a spaced limit counted for every call, s one
 -- counted for calls above one unit).
@@ -274,13 +282,6 @@ const reserveLua = `-- Each step of the model is a function of its inputs, defin
 -- bindings below so that a call of the script creates no closure over
 -- them; the main part at the end binds KEYS and ARGV and calls the
 -- steps in order.
-
--- redis_now(override): Redis TIME in µs, or the override when positive.
-local function redis_now(override)
-  if override and override > 0 then return override end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 
 -- peer_tick: while replicas disagree on the config (a rolling edit), the
 -- most conservative tick among those granted one lately wins. Each

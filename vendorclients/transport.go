@@ -216,10 +216,8 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 		t.log.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", vendor, "retry_after", v)
 	}
 	primary := bucket.Policy().Limits[0]
-	quota, isQuota := -1, false
-	if i, ok := bucket.Policy().LimitFor(h.Window, h.Limit, h.Reset); ok && bucket.Policy().Quota(i) {
-		quota, isQuota = i, true
-	}
+	quota, isQuota := bucket.Policy().LimitFor(h.Window, h.Limit, h.Reset)
+	isQuota = isQuota && bucket.Policy().Quota(quota)
 	if isQuota && h.Remaining >= 0 && t.counted.due(bucket.Name(), quota, h.Remaining == 0) {
 		// The vendor's count of a quota: counted if above the gate's own
 		// (another app with the same credential used some).
