@@ -25,8 +25,9 @@ test:
 # milliseconds, and the race detector slows the worker by that much on two
 # cores (nginx 85-88% under -race, 88-90% without; one convergence run
 # 91.6% under -race beside eight others). Their code paths run under -race
-# in make test. Their share bars are loose on a busy machine (CI);
-# SHAPER_STRICT_SHARES=1 make test-long holds them to the issues' figures.
+# in make test. Like every wall-clock test they assert safety only (no
+# window above its limit, 429s bounded, nothing lost) and log the shares;
+# shares are measured by benchmarks, never asserted.
 # About 16 minutes.
 LONG_PKGS := $(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .)))
 UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit)'

@@ -70,7 +70,8 @@ func shortSliding(v *vendorsim.Vendor) int {
 // TestPerAccountBuckets: a per-account vendor at 5 calls per second per
 // account, three accounts with 20 calls each: every account keeps its own
 // limit at its vendor window's phase, and the accounts are served side by
-// side, not one after the other.
+// side, not one after the other: every account's first call comes before
+// any account's last (the time it took is logged).
 func TestPerAccountBuckets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -92,7 +93,10 @@ func TestPerAccountBuckets(t *testing.T) {
 		return true
 	})
 	took := time.Since(start)
+	var firsts, lasts []time.Time
 	for a, v := range vends {
+		reqs := v.Requests()
+		firsts, lasts = append(firsts, reqs[0].At), append(lasts, reqs[len(reqs)-1].At)
 		s := v.Summarize()
 		short := shortSliding(v)
 		t.Logf("%s: %d requests, %d 429s, max %d per fixed window, %d per sliding second (%d per sliding 980 ms)", a, s.Requests, s.RateLimited, s.MaxPerWindow, s.MaxSliding, short)
@@ -102,8 +106,17 @@ func TestPerAccountBuckets(t *testing.T) {
 	}
 	// 20 calls at 5/s take about 4 s per account; one after the other, 12.
 	t.Logf("three accounts of 20 calls at 5/s each took %s", took.Round(time.Millisecond))
-	if took > 9*time.Second {
-		t.Errorf("took %s: the accounts were not served side by side", took)
+	lastFirst, firstLast := firsts[0], lasts[0]
+	for i := range firsts {
+		if firsts[i].After(lastFirst) {
+			lastFirst = firsts[i]
+		}
+		if lasts[i].Before(firstLast) {
+			firstLast = lasts[i]
+		}
+	}
+	if !lastFirst.Before(firstLast) {
+		t.Errorf("an account's first call came %s after another's last: the accounts were not served side by side", lastFirst.Sub(firstLast))
 	}
 }
 
@@ -148,7 +161,9 @@ func TestAccountsAreCheckedAtEnqueue(t *testing.T) {
 // TestOneAccountsBacklogDelaysNoOther: one account with 2,000 calls
 // queued at 5/s, then nine accounts with 10 calls each, two workers: the
 // backlog waits in the queue's schedule (its account's plan), so each
-// small account is done in about its own 2 s, not behind the backlog.
+// small account is done in about its own 2 s, not behind the backlog (400
+// s at 5/s). The times are logged; the minute the test waits for the small
+// accounts is what it asserts, as load moves the seconds.
 func TestOneAccountsBacklogDelaysNoOther(t *testing.T) {
 	t.Parallel()
 	backlogDelaysNoOther(t, 9, 2, shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}})
@@ -216,9 +231,6 @@ func backlogDelaysNoOther(t *testing.T, accounts, workers int, policy shaper.Pol
 	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
 	t.Logf("%d accounts x 10 calls at 5/s beside an account with 2,000 queued, %d workers: done after p50 %s, max %s (10 calls at 5/s take 1.8 s)",
 		accounts, workers, took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
-	if took[len(took)-1] > 6*time.Second {
-		t.Errorf("a small account took %s: the backlog delayed it", took[len(took)-1])
-	}
 	// G1 end to end: the vendor's fixed windows at their random phases,
 	// and no 429. In sliding windows, the ticks the gate granted: with a
 	// hundred accounts in this race-instrumented process, the vendor's
