@@ -122,6 +122,9 @@ type Vendor struct {
 	// Adapt tunes learning from 429s without an announced limit; a field
 	// whose key is absent stays zero, which selects shaper's default.
 	Adapt shaper.Adapt
+	// StrictSpacing says the vendor refuses calls closer together than
+	// its spacing (strict_spacing; see shaper.Policy.StrictSpacing).
+	StrictSpacing bool
 	// Warmup ramps the rate from WarmupFrom (calls per window; 0: a
 	// quarter of Rate) to Rate after the vendor was idle for longer than
 	// its window (warmup, warmup_from); 0: no warm-up.
@@ -194,14 +197,15 @@ func (v Vendor) ExpandHeaders() (map[string]string, error) {
 // policy of each account that has no override.
 func (v Vendor) Policy() shaper.Policy {
 	p := shaper.Policy{
-		Limits:      append([]shaper.Limit{{Rate: v.Rate, Window: v.Window}}, v.Limits...),
-		Burst:       v.Burst,
-		Guard:       v.Guard,
-		NoGuard:     v.Guard == 0,
-		MaxInFlight: v.MaxInFlight,
-		Adapt:       v.Adapt,
-		Warmup:      v.Warmup,
-		WarmupFrom:  v.WarmupFrom,
+		Limits:        append([]shaper.Limit{{Rate: v.Rate, Window: v.Window}}, v.Limits...),
+		Burst:         v.Burst,
+		Guard:         v.Guard,
+		NoGuard:       v.Guard == 0,
+		MaxInFlight:   v.MaxInFlight,
+		Adapt:         v.Adapt,
+		StrictSpacing: v.StrictSpacing,
+		Warmup:        v.Warmup,
+		WarmupFrom:    v.WarmupFrom,
 	}
 	return p
 }

@@ -227,6 +227,7 @@ user_agent = "orders-sync/1.0"
 max_retry_after = "10m"
 adapt_decrease = 0.5
 adapt_quiet = "30s"
+strict_spacing = true
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -234,6 +235,12 @@ adapt_quiet = "30s"
 	v := cfg.Vendors[0]
 	if v.UserAgent != "orders-sync/1.0" || v.MaxRetryAfter != 10*time.Minute || v.Adapt.Decrease != 0.5 || v.Adapt.Quiet != 30*time.Second || v.Adapt.Increase != 0 {
 		t.Errorf("vendor = %+v", v)
+	}
+	if !v.StrictSpacing || !v.Policy().StrictSpacing {
+		t.Errorf("strict_spacing = true: vendor %v, policy %v", v.StrictSpacing, v.Policy().StrictSpacing)
+	}
+	if _, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nstrict_spacing = \"yes\"\n")); err == nil || !strings.Contains(err.Error(), "strict_spacing") {
+		t.Errorf("strict_spacing = \"yes\": %v", err)
 	}
 	if _, err := v.ExpandHeaders(); err == nil || !strings.Contains(err.Error(), "SHAPER_TEST_TOKEN not set") {
 		t.Errorf("missing variable: %v", err)

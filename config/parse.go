@@ -24,7 +24,7 @@ import (
 var (
 	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster", "wait_replicas", "wait_timeout", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
-		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet", "warmup", "warmup_from",
+		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet", "strict_spacing", "warmup", "warmup_from",
 		"per_account", "account_overrides", "total"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window", "spread"}
@@ -259,6 +259,7 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	if vd.Adapt.Quiet = p.duration(t, "adapt_quiet", 0); p.isSet(t, "adapt_quiet") && vd.Adapt.Quiet <= 0 {
 		p.errorf(t, "adapt_quiet", "%s: must be positive, e.g. \"10s\"", vd.Adapt.Quiet)
 	}
+	vd.StrictSpacing = p.boolean(t, "strict_spacing")
 	if vd.Warmup = p.duration(t, "warmup", 0); vd.Warmup < 0 {
 		p.errorf(t, "warmup", "%s must not be negative; leave it out for no warm-up, or e.g. warmup = \"30s\"", vd.Warmup)
 	}

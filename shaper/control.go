@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -18,45 +17,6 @@ type Control struct{ b *Bucket }
 
 // Control returns the bucket's adaptation side.
 func (b *Bucket) Control() *Control { return &Control{b: b} }
-
-// Adapt says how a bucket learns from rate-limited answers that carry no
-// limit: multiplicative decrease, additive increase after quiet periods.
-// Zero fields select the defaults.
-type Adapt struct {
-	Decrease float64       // factor applied on a rate-limited answer; default 0.7
-	Increase float64       // share of the configured rate added per quiet period; default 0.05
-	Quiet    time.Duration // time without rate-limited answers before a step up; default 10s
-	Probe    time.Duration // quiet time after which the rate that failed is forgotten; default 1m
-	Floor    float64       // lowest rate, as a share of the configured rate; default 0.02
-}
-
-// Defaults of Adapt.
-const (
-	DefaultAdaptDecrease = 0.7
-	DefaultAdaptIncrease = 0.05
-	DefaultAdaptQuiet    = 10 * time.Second
-	DefaultAdaptProbe    = time.Minute
-	DefaultAdaptFloor    = 0.02
-)
-
-func (a Adapt) withDefaults() Adapt {
-	if a.Decrease <= 0 || a.Decrease >= 1 {
-		a.Decrease = DefaultAdaptDecrease
-	}
-	if a.Increase <= 0 {
-		a.Increase = DefaultAdaptIncrease
-	}
-	if a.Quiet <= 0 {
-		a.Quiet = DefaultAdaptQuiet
-	}
-	if a.Probe <= 0 {
-		a.Probe = DefaultAdaptProbe
-	}
-	if a.Floor <= 0 || a.Floor > 1 {
-		a.Floor = DefaultAdaptFloor
-	}
-	return a
-}
 
 // configured is the primary limit's configured rate.
 func (c *Control) configured() float64 { return float64(c.b.policy.Limits[0].Rate) }

@@ -115,19 +115,6 @@ func slidingCount(ok []int64, t, w int64) int {
 	return len(sortedWithin(ok, t-w, t))
 }
 
-// mostInWindow is the most ticks in any window of w (µs) among ts.
-func mostInWindow(ts []int64, w int64) int {
-	s := sortedWithin(ts, -1<<62, 1<<62)
-	best, j := 0, 0
-	for i := range s {
-		for s[i]-s[j] >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 // sortedWithin returns the xs in [from, to), sorted.
 func sortedWithin(xs []int64, from, to int64) []int64 {
 	var out []int64
@@ -141,84 +128,3 @@ func sortedWithin(xs []int64, from, to int64) []int64 {
 }
 
 func floorMod(a, b int64) int64 { return a - windows.FloorDiv(a, b)*b }
-
-// verdict is what a rate-limited answer taught.
-type verdict int
-
-const (
-	tooFast   verdict = iota // the rate is above the vendor's: lower it to the estimate
-	tooClose                 // calls at the full rate were refused: widen the margin (guard)
-	noVerdict                // nothing to learn (within the cooldown of the last lesson)
-)
-
-// judge tells a rate-limited answer at t caused by too many calls in a
-// window (tooFast, with the rate to lower to) from one caused by calls
-// that came too close together (tooClose: calls the network bunched up, or
-// a vendor that enforces a minimum gap, like nginx limit_req without
-// burst); full is how many calls the bucket's current spacing puts in a
-// window, cur its effective rate, retryAfter whether the answer said when
-// to come back. It also returns the limit the vendor showed.
-//
-//   - With a window of history: a refusal after a window of calls at the
-//     full spacing, all accepted, is tooClose (a sliding-window vendor
-//     below the rate would have refused earlier) the first time (again
-//     false). A fixed window whose boundary fell mid-way looks the same
-//     once, and after a pause as long as the window it looks the same
-//     again: a second such refusal (again: the last lesson was a margin,
-//     within three windows) is judged on the whole history, where the
-//     smallest limit consistent with what the vendor did (see
-//     estimateWindowLimit) tells one from the other.
-//   - Before a window of history (a cold start) the count cannot tell: a
-//     refusal without Retry-After is taken for tooClose (a spacing
-//     vendor's way; RateLimited escalates when refusals go on), one with
-//     it for a window limit.
-//
-// A tooFast rate is at most a halving per lesson, since a vendor that is
-// not window-based (a token bucket refusing the second call of a burst)
-// teaches little from one refusal, and at least a tenth lower. Configured
-// at twice a window-based vendor's limit, one lesson finds it exactly
-// (TestLessonsConvergeOnModelVendors).
-func judge(ok, limited []int64, t, w int64, complete bool, cur, full float64, retryAfter, again bool) (verdict, float64, int) {
-	cold := complete && (len(ok) == 0 || minOf(ok) > t-w)
-	if c := slidingCount(ok, t, w); !cold && !again && float64(c) >= full-1.5 {
-		return tooClose, cur, c
-	}
-	if cold && !retryAfter {
-		return tooClose, cur, slidingCount(ok, t, w)
-	}
-	rate, lo, fits := lowerTo(ok, limited, t, w, complete, cur)
-	if !fits {
-		// Refusals among accepted calls: no fixed window. A sliding-window
-		// vendor well over its limit refuses often; calls bunched up by
-		// the network, or a spacing vendor's gaps, now and then (one call
-		// in five or fewer, as new connections bunch calls up at a cold
-		// start: a wider margin, a gentle cut, answers both).
-		refused := len(sortedWithin(limited, t-w, t+1))
-		if float64(refused) <= 0.2*float64(refused+lo) {
-			return tooClose, cur, lo
-		}
-	}
-	if float64(lo) >= 0.95*full-1 {
-		return tooClose, cur, lo // within a few calls of the rate: a wider margin is the gentler cut
-	}
-	return tooFast, rate, lo
-}
-
-// lowerTo is the rate a tooFast lesson lowers to, the limit the vendor
-// showed (see judge), and whether a fixed window explains what it did
-// (else the limit is the calls accepted in the last window).
-func lowerTo(ok, limited []int64, t, w int64, complete bool, cur float64) (float64, int, bool) {
-	lo, _, fits := estimateWindowLimit(ok, limited, t, w, complete)
-	if !fits {
-		lo = slidingCount(ok, t, w)
-	}
-	return min(max(float64(lo), cur/2), cur*0.9), lo, fits
-}
-
-func minOf(xs []int64) int64 {
-	m := xs[0]
-	for _, x := range xs[1:] {
-		m = min(m, x)
-	}
-	return m
-}

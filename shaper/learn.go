@@ -4,31 +4,27 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// learnKeep is how long what a bucket learned from rate-limited answers
-// outlives the last of them: a worker restart or a short idle keeps it,
-// and it is forgotten once the vendor has been quiet that long (and the
-// configured rate tried again).
-const learnKeep = 10 * time.Minute
-
-// Lesson is what a rate-limited answer taught a bucket (see
-// Control.RateLimited).
+// Lesson is what a refusal taught a bucket (see Adapt and
+// Control.Refused).
 type Lesson int
 
 const (
-	// LessonNone: the answer came within a window of the last lesson (a
-	// call already on its way), or carried too little to judge.
+	// LessonNone: the belief stands (a refusal within a window of a rate
+	// lesson, a call already on its way, or one tolerated after a margin
+	// lesson).
 	LessonNone Lesson = iota
 	// LessonRate: too many calls in a window; the effective rate was
 	// lowered to what the vendor accepted.
 	LessonRate
-	// LessonMargin: refused while the bucket sent no faster than its
-	// spacing (network jitter bunched calls up, or the vendor enforces a
-	// minimum gap): the guard was widened, and start times tightened.
+	// LessonMargin: refused at the full spacing (network jitter bunched
+	// calls up, or the vendor enforces a minimum gap): the guard was
+	// widened, and start times tightened.
 	LessonMargin
 )
 
@@ -42,240 +38,242 @@ func (l Lesson) String() string {
 	return "none"
 }
 
-// Learned is the outcome of Control.RateLimited.
-type Learned struct {
-	// Lesson is what this answer taught; InForce the last lesson, which
-	// this one repeats when it taught nothing new.
-	Lesson, InForce Lesson
-	Rate            float64       // the effective rate after it (calls per primary window)
-	Guard           time.Duration // the guard in force after it
-	Reason          string
-}
-
-// marginTolerance is the start tolerance once a margin was learned: a
-// vendor that refuses calls closer than its spacing also refuses a late
-// call followed by one on time.
-const marginTolerance = 3 * time.Millisecond
-
-// recordScript records a rate-limited answer and, unless one was judged
-// within the cooldown, claims the judgement of it.
-//
-// KEYS[1] control hash, KEYS[2] ticks list, KEYS[3] limited list.
-// ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] the refused call's
-// tick (µs; 0: unknown), ARGV[3] cooldown (µs), ARGV[4] learnKeep (µs).
-// Returns {0, last lesson} within the cooldown of a rate lesson; else
-// {1 (claimed) or 2 (within a margin lesson's cooldown, not claimed),
-// last lesson, rate, guard, lo, ticks, limited, the last lesson's tick}.
-var recordScript = redis.NewScript(nowLua + extendLua + `
-local now = now_us()
-if ARGV[2] ~= '0' then
-  redis.call('LREM', KEYS[2], 1, ARGV[2])
-  redis.call('LPUSH', KEYS[3], ARGV[2])
-  redis.call('LTRIM', KEYS[3], 0, 31)
-  extend(KEYS[3], now + tonumber(ARGV[4]), now)
-end
-redis.call('HSET', KEYS[1], 'last_throttle', string.format('%d', now))
-extend(KEYS[1], now + tonumber(ARGV[4]), now)
-local c = redis.call('HMGET', KEYS[1], 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick')
-local mode = 1
-if now - (tonumber(c[1]) or 0) < tonumber(ARGV[3]) then
-  if c[2] ~= 'margin' then return {0, c[2] or ''} end
-  mode = 2
-else
-  redis.call('HSET', KEYS[1], 'last_decrease', string.format('%d', now))
-end
-return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', KEYS[2], 0, -1),
-  redis.call('LRANGE', KEYS[3], 0, -1), c[6] or ''}
-`)
-
-// teachScript writes a lesson into the control hash (and when it was
-// learned, which starts its cooldown).
-//
-// KEYS[1] control hash. ARGV[1] Redis time override (µs; 0: TIME),
-// ARGV[2] learnKeep (µs), ARGV[3...] field, value pairs. Returns 0.
-var teachScript = redis.NewScript(nowLua + extendLua + `
-local now = now_us()
-redis.call('HSET', KEYS[1], 'last_change', string.format('%d', now), 'last_decrease', string.format('%d', now), unpack(ARGV, 3))
-extend(KEYS[1], now + tonumber(ARGV[2]), now)
-return 0
-`)
-
-// Refusal describes a rate-limited answer that announced no limit.
-type Refusal struct {
-	// Reason says what the vendor answered, for the stats ("HTTP 429").
+// Answer is a rate-limited answer that announced no limit.
+type Answer struct {
+	// Reason says what the vendor answered, for the logs and stats
+	// ("HTTP 429 with no announced limit").
 	Reason string
-	// RetryAfter is whether the answer said when to come back.
+	// Pause is how long the answer asks the vendor to be left alone: its
+	// Retry-After, or the caller's default pause when it gave none.
+	// PauseReason says why, for the stats.
+	Pause       time.Duration
+	PauseReason string
+	// RetryAfter is whether the vendor asked for the pause itself: a
+	// refusal for spacing keeps only a pause the vendor asked for.
 	RetryAfter bool
 	// Jitter is the spread of recent round trips to the vendor (longest
 	// less shortest): how far the network may bunch calls up.
 	Jitter time.Duration
 }
 
-// marginEscalation is how many refusals within a window of a margin
-// lesson, with fewer than twice as many calls accepted among them, show
-// that the margin was not the answer (a cold start's new connections can
-// bunch three or four calls up).
-const marginEscalation = 5
+// Decision is what Control.Refused did.
+type Decision struct {
+	// Lesson is what this answer taught; InForce the last lesson, which
+	// this one repeats when it taught nothing new.
+	Lesson, InForce Lesson
+	Rate            float64       // the effective rate after it (calls per primary window); 0 when unchanged
+	Guard           time.Duration // the learned guard after it; 0 when unchanged
+	Pause           time.Duration // the pause in force after it; 0: none
+	Respaced        bool          // the line restarted at the new spacing
+	Reason          string
+}
 
-// RateLimited records that the vendor refused the call of permit p
-// without announcing its limit, and learns from it, for every replica:
-// the ticks granted lately (kept in Redis as they are granted, refused
-// and given-up ones taken out) tell how many calls the vendor accepted
-// before it refused one (see judge).
+// refusedScript counts a rate-limited answer, records the refused tick,
+// and either claims its judgement or, within the cooldown of a rate
+// lesson (the call was on its way before it), applies the pause the
+// answer asked for and is done: most refusals cost this one round trip.
+var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + `
+local k_control, k_ticks, k_limited, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local a_tick_s, a_cooldown, a_keep = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local a_pause, a_pause_reason, a_channel, a_bucket = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local now = now_us()
+count(k_stats, 'rate_limited', now)
+if a_tick_s ~= '0' then
+  redis.call('LREM', k_ticks, 1, a_tick_s)
+  redis.call('LPUSH', k_limited, a_tick_s)
+  redis.call('LTRIM', k_limited, 0, 31)
+  extend(k_limited, now + a_keep, now)
+end
+redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
+extend(k_control, now + a_keep, now)
+local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick')
+local mode = 1
+if now - (tonumber(c[1]) or 0) < a_cooldown then
+  if c[2] ~= 'margin' then
+    local left = 0
+    if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_pause_reason, a_channel, a_bucket, a_keep) end
+    return {0, c[2] or '', left}
+  end
+  mode = 2
+else
+  redis.call('HSET', k_control, 'last_decrease', string.format('%d', now))
+end
+return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', k_ticks, 0, -1),
+  redis.call('LRANGE', k_limited, 0, -1), c[6] or ''}
+`)
+
+// applyArgs is the apply script's ARGV, in order (see applyScript).
+type applyArgs struct {
+	Now       int64  `lua:"a_now"`        // Redis time override (µs; 0: TIME)
+	Seen      string `lua:"a_seen"`       // the lesson_tick the judgement read ("" none): a lesson is written only if it stands
+	Fields    string `lua:"a_fields"`     // the lesson's control fields, "name=value" joined by "\n" ("": no lesson)
+	Pause     int64  `lua:"a_pause"`      // pause (µs; 0: none)
+	Reason    string `lua:"a_reason"`     // why, for the stats
+	Channel   string `lua:"a_channel"`    // pause channel
+	Bucket    string `lua:"a_bucket"`     // bucket name
+	Keep      int64  `lua:"a_keep"`       // the belief outlives now by this (µs)
+	Respace   int64  `lua:"a_respace"`    // 1: restart the line at the new spacing
+	Slack     int64  `lua:"a_slack"`      // respaceSlack (µs)
+	RespaceCh string `lua:"a_respace_ch"` // respace channel
+}
+
+func (a applyArgs) argv() []any {
+	return []any{a.Now, a.Seen, a.Fields, a.Pause, a.Reason, a.Channel, a.Bucket, a.Keep, a.Respace, a.Slack, a.RespaceCh}
+}
+
+// applyScript applies a judged refusal at once for every replica: the
+// lesson (unless another replica's lesson came first), the pause, and the
+// respace that makes a wider margin what the vendor sees.
 //
-//   - Too many calls in a window: the effective rate becomes the limit
-//     the vendor showed (at most a halving), and is not raised again
-//     before the adaptation's Probe period; the guard grows by a quarter
-//     (shaping now runs at the vendor's very edge).
-//   - Calls too close together (refused at the full spacing): the rate is
-//     not what was wrong (calls the network bunched up by up to
-//     r.Jitter, or a vendor that refuses calls closer than its spacing).
-//     The guard widens (x1.5, or to Jitter + 2 ms when more, at most a
-//     tenth of the window) and calls start within 3 ms of their tick. Three more refusals within a window, with fewer than twice as
-//     many calls accepted among them, show it was the rate after all, and
-//     so do refusals of more than one call in twenty once the margin is at
-//     its cap (fewer are left alone: each costs one call, no pause).
-//
-// Other refusals within a window + guard of the last lesson teach nothing
-// new (calls already on their way). p may be nil (the refused call is
-// then unknown, and the rate is cut by Decrease). Callers pause the bucket
-// as the answer asks (Retry-After); a lowered rate wants the old ticks
-// dropped (a pause of Horizon), a margin wants a Respace.
-func (c *Control) RateLimited(ctx context.Context, p *Permit, r Refusal) (Learned, error) {
+// KEYS[1] control hash, KEYS[2] stats hash, KEYS[3] gate hash.
+// Returns {1 if the lesson was written, the pause remaining (µs), 1 if
+// the line was respaced}.
+var applyScript = redis.NewScript(nowLua + extendLua + pauseLua + respaceLua + `
+local k_control, k_stats, k_gate = KEYS[1], KEYS[2], KEYS[3]
+local a_seen, a_fields, a_pause, a_reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local a_channel, a_bucket, a_keep = ARGV[6], ARGV[7], tonumber(ARGV[8])
+local a_respace, a_slack, a_respace_ch = ARGV[9] == '1', tonumber(ARGV[10]), ARGV[11]
+local now = now_us()
+local taught = 0
+if a_fields ~= '' and (redis.call('HGET', k_control, 'lesson_tick') or '') == a_seen then
+  local set = {'last_change', string.format('%d', now), 'last_decrease', string.format('%d', now)}
+  for name, value in string.gmatch(a_fields, '([^=\n]+)=([^\n]*)') do
+    set[#set + 1] = name
+    set[#set + 1] = value
+  end
+  redis.call('HSET', k_control, unpack(set))
+  extend(k_control, now + a_keep, now)
+  taught = 1
+end
+local left = 0
+if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_reason, a_channel, a_bucket, a_keep) end
+local respaced = 0
+if taught == 1 and a_respace then respaced = respace(k_gate, now, a_slack, a_respace_ch, a_bucket) end
+return {taught, left, respaced}
+`)
+
+// Refused judges a rate-limited answer that announced no limit, to the
+// call of permit p (nil: unknown), and applies the judgement for every
+// replica (see Adapt): it counts the answer, and pauses the bucket, lowers
+// its rate or widens its margin as the model says. A lowered rate pauses
+// at least Horizon (the ticks granted at the old rate are dropped, so no
+// window mixes old and new spacing); a wider margin respaces instead, and
+// keeps only a pause the vendor asked for. Most refusals cost one round
+// trip; one that teaches (at most one per window) costs two.
+func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision, error) {
 	b := c.b
 	a := b.policy.Adapt.withDefaults()
 	primary := b.policy.Limits[0]
-	w := primary.Window.Microseconds()
 	cooldown := primary.Window + b.policy.Guard
 	var tick int64
 	if p != nil {
 		tick = p.at
 	}
-	res, err := recordScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited}, b.gate.redisNow(),
-		strconv.FormatInt(tick, 10), cooldown.Microseconds(), learnKeep.Microseconds()).Slice()
+	fail := func(err error) (Decision, error) {
+		return Decision{}, fmt.Errorf("shaper: judge a rate-limited answer of %q: %w", b.name, err)
+	}
+	pauseCh := pauseChannel(b.gate.prefix)
+	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats},
+		b.gate.redisNow(), strconv.FormatInt(tick, 10), cooldown.Microseconds(), a.Keep.Microseconds(),
+		ans.Pause.Microseconds(), ans.PauseReason, pauseCh, b.name).Slice()
 	if err != nil {
-		return Learned{}, fmt.Errorf("shaper: learn from a rate-limited answer of %q: %w", b.name, err)
+		return fail(err)
 	}
-	if len(res) < 2 {
-		return Learned{}, fmt.Errorf("shaper: learn from a rate-limited answer of %q: unexpected reply %v", b.name, res)
+	if len(res) < 3 {
+		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
-	out := Learned{InForce: parseLesson(res[1])}
+	out := Decision{InForce: parseLesson(res[1])}
+	if mode, _ := res[0].(int64); mode == 0 {
+		left, _ := res[2].(int64)
+		out.Pause = time.Duration(left) * time.Microsecond
+		if out.Pause > 0 {
+			b.gate.notePause(b.name, b.gate.clock.Now().Add(out.Pause))
+		}
+		return out, nil
+	}
+	if len(res) < 8 {
+		return fail(fmt.Errorf("unexpected reply %v", res))
+	}
 	mode, _ := res[0].(int64)
-	if mode == 0 || len(res) < 8 {
-		return out, nil
-	}
 	cfg := c.configured()
-	cur := parseFloat(res[2], cfg)
-	guard := max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, b.policy.Guard)
-	quiet := parseFloat(res[4], 0)
-	ticks, limited := parseInts(res[5]), parseInts(res[6])
-	lessonTick := int64(parseFloat(res[7], 0))
-	if tick == 0 && len(limited) > 0 {
-		tick = limited[0]
+	e := evidence{
+		tick: tick, ok: parseInts(res[5]), limited: parseInts(res[6]), window: primary.Window.Microseconds(),
+		configured: cfg, rate: parseFloat(res[2], cfg), quiet: parseFloat(res[4], 0),
+		guard: max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, b.policy.Guard), baseGuard: b.policy.Guard,
+		jitter: ans.Jitter, inForce: out.InForce, lessonTick: int64(parseFloat(res[7], 0)), sinceMargin: mode == 2, strict: b.policy.StrictSpacing,
 	}
-	complete := len(ticks) < b.tickLog()
-	// What the current spacing puts in a window.
-	iv, burst := tickFor(b.policy.Limits, b.policy.Burst, guard, cur)
-	full := EffectiveRate(iv, burst, primary.Window)
-	v, rate, shown := tooFast, cur*a.Decrease, -1
-	switch {
-	case mode == 2:
-		// Within a window of a margin lesson: refusals that go on say the
-		// rate is what is wrong.
-		// The last refusals since the lesson, and the calls accepted
-		// among them: a vendor over its window limit refuses every call
-		// until the window ends (a token bucket every other one); calls
-		// the network bunched up are refused here and there among
-		// accepted ones.
-		var recent []int64
-		for _, x := range limited {
-			if x > lessonTick && x <= tick {
-				recent = append(recent, x)
-			}
-		}
-		recent = sortedWithin(recent, tick-w, tick+1)
-		if tick == 0 || len(recent) < marginEscalation {
-			return out, nil
-		}
-		from, accepted := recent[len(recent)-marginEscalation], 0
-		for _, x := range ticks {
-			if x > from && x < tick {
-				accepted++
-			}
-		}
-		if accepted >= 2*marginEscalation {
-			return out, nil
-		}
-		rate, shown, _ = lowerTo(ticks, limited, tick, w, complete, cur)
-		guard = b.policy.Guard // the margin was not the answer: undone below
-	case tick > 0:
-		again := out.InForce == LessonMargin && tick-lessonTick < 3*w
-		v, rate, shown = judge(ticks, limited, tick, w, complete, cur, full, r.RetryAfter, again)
+	seen, _ := res[7].(string)
+	if e.tick == 0 && len(e.limited) > 0 {
+		e.tick = e.limited[0]
 	}
-	limit := primary.Window / 10
-	if v == tooClose && out.InForce == LessonMargin && mode == 1 &&
-		len(sortedWithin(limited, tick-w, tick+1)) <= max(1, slidingCount(ticks, tick, w)/50) {
-		// A margin was learned and refusals stay rare (one call in fifty
-		// or fewer in the last window): each costs that call and no
-		// pause, less than a wider margin would.
+	e.complete = len(e.ok) < b.tickLog()
+	iv, burst := tickFor(b.policy.Limits, b.policy.Burst, e.guard, e.rate)
+	e.full = EffectiveRate(iv, burst, primary.Window)
+	l := a.judge(e)
+
+	args := applyArgs{Now: b.gate.redisNow(), Seen: seen, Channel: pauseCh, Bucket: b.name, Keep: a.Keep.Microseconds(),
+		Slack: respaceSlack.Microseconds(), RespaceCh: respaceChannel(b.gate.prefix), Pause: ans.Pause.Microseconds(), Reason: ans.PauseReason}
+	at := strconv.FormatInt(e.tick, 10)
+	switch l.kind {
+	case LessonRate:
+		out.Rate, out.Guard = l.rate, l.guard
+		out.Reason = ans.Reason + ": " + l.because
+		rate := strconv.FormatFloat(l.rate, 'f', -1, 64)
+		args.Fields = fields("rate", rate, "hi", rate, "rate_reason", out.Reason, "rate_source", "learned", "lesson", "rate",
+			"guard", strconv.FormatInt(l.guard.Microseconds(), 10), "tol", "0", "guard_reason", "", "lesson_tick", at)
+		// Ticks granted at the old rate reach at most a horizon ahead:
+		// pausing that long drops them all.
+		args.Pause = max(args.Pause, b.policy.Horizon.Microseconds())
+		if args.Reason == "" || ans.Pause < b.policy.Horizon {
+			args.Reason = out.Reason
+		}
+	case LessonMargin:
+		out.Guard = l.guard
+		out.Reason = ans.Reason + " " + l.because
+		args.Fields = fields("guard", strconv.FormatInt(l.guard.Microseconds(), 10), "tol", strconv.FormatInt(a.Tolerance.Microseconds(), 10),
+			"guard_reason", out.Reason, "lesson", "margin", "lesson_tick", at)
+		args.Respace = 1
+	}
+	if (l.kind == LessonMargin || l.kind == LessonNone && out.InForce == LessonMargin) && !ans.RetryAfter {
+		args.Pause = 0 // refused for spacing, not for the rate: a pause would only cost calls
+	}
+	if args.Fields == "" && args.Pause == 0 {
 		return out, nil
 	}
-	if v == tooClose && guard >= limit {
-		// The margin is spent. Refusals now and then among accepted
-		// calls (a vendor that stalls, a network that bunches calls up
-		// by more than any margin) are left alone: each costs one call
-		// and no pause. Frequent ones say it is the rate.
-		// So are bursts of them from a vendor without Retry-After (nginx
-		// limit_req, whose own scheduling delays stamp calls late) that
-		// accepted a full window at the current spacing lately: a rate
-		// cut would not stop them, and each costs one call.
-		refused, accepted := len(sortedWithin(limited, tick-w, tick+1)), slidingCount(ticks, tick, w)
-		bursty := !r.RetryAfter && float64(refused) <= 0.2*float64(refused+accepted) && float64(mostInWindow(ticks, w)) >= 0.95*full-1
-		if bursty || float64(refused) <= max(1, 0.05*float64(refused+accepted)) {
-			// A spacing refusal (no pause beyond Retry-After), and the
-			// ones within its cooldown too.
-			out.InForce = LessonMargin
-			if err := teachScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), learnKeep.Microseconds(),
-				"lesson", "margin", "lesson_tick", strconv.FormatInt(tick, 10)).Err(); err != nil {
-				return out, fmt.Errorf("shaper: learn from a rate-limited answer of %q: %w", b.name, err)
-			}
-			return out, nil
-		}
-		v, rate = tooFast, cur*a.Decrease
-	}
-	at := strconv.FormatInt(tick, 10)
-	switch v {
-	case tooFast:
-		rate = max(rate, cfg*a.Floor)
-		if quiet > rate && quiet < cur {
-			rate = quiet // a rate that stayed quiet since the limit last moved
-		}
-		// Shaping now runs at the vendor's very edge: a quarter more
-		// margin for calls that start late or travel slowly.
-		g := max(guard, b.policy.Guard*5/4)
-		out.Lesson, out.Rate, out.Guard = LessonRate, rate, g
-		out.Reason = fmt.Sprintf("%s: rate lowered to %.4g per %s", r.Reason, rate, primary.Window)
-		if shown >= 0 {
-			out.Reason += fmt.Sprintf(" (the vendor accepted %d calls in a window before refusing one)", shown)
-		}
-		err = teachScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), learnKeep.Microseconds(),
-			"rate", strconv.FormatFloat(rate, 'f', -1, 64), "hi", strconv.FormatFloat(rate, 'f', -1, 64),
-			"rate_reason", out.Reason, "rate_source", "learned", "lesson", "rate", "guard", g.Microseconds(),
-			"tol", 0, "guard_reason", "", "lesson_tick", at).Err()
-	case tooClose:
-		g := min(max(guard*3/2, r.Jitter+2*time.Millisecond), limit)
-		out.Lesson, out.Rate, out.Guard = LessonMargin, cur, g
-		out.Reason = fmt.Sprintf("%s at the full spacing: guard widened to %s (network jitter %s, or a vendor that enforces spacing)",
-			r.Reason, g.Round(100*time.Microsecond), r.Jitter.Round(time.Millisecond))
-		err = teachScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), learnKeep.Microseconds(),
-			"guard", g.Microseconds(), "tol", marginTolerance.Microseconds(), "guard_reason", out.Reason, "lesson", "margin",
-			"lesson_tick", at).Err()
-	}
+	r, err := applyScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats, b.keys.gate}, args.argv()...).Slice()
 	if err != nil {
-		return Learned{}, fmt.Errorf("shaper: learn from a rate-limited answer of %q: %w", b.name, err)
+		return fail(err)
 	}
-	out.InForce = out.Lesson
+	if len(r) < 3 {
+		return fail(fmt.Errorf("unexpected reply %v", r))
+	}
+	taught, _ := r[0].(int64)
+	left, _ := r[1].(int64)
+	respaced, _ := r[2].(int64)
+	if taught == 1 {
+		out.Lesson, out.InForce = l.kind, l.kind
+	} else {
+		out.Rate, out.Guard, out.Reason = 0, 0, ""
+	}
+	if out.Pause = time.Duration(left) * time.Microsecond; out.Pause > 0 {
+		b.gate.notePause(b.name, b.gate.clock.Now().Add(out.Pause))
+	}
+	if out.Respaced = respaced == 1; out.Respaced {
+		b.gate.noteRespace(b.name, b.gate.clock.Now())
+	}
 	return out, nil
+}
+
+// fields joins name, value pairs for the apply script.
+func fields(kv ...string) string {
+	var sb strings.Builder
+	for i := 0; i+1 < len(kv); i += 2 {
+		if i > 0 {
+			sb.WriteByte('\n')
+		}
+		sb.WriteString(kv[i] + "=" + strings.ReplaceAll(kv[i+1], "\n", " "))
+	}
+	return sb.String()
 }
 
 func parseLesson(v any) Lesson {

@@ -10,29 +10,39 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// pauseScript pauses a bucket for every replica.
+// pauseLua defines pause(k_control, k_stats, now, d, reason, channel,
+// bucket, keep): it pauses a bucket for d (µs) from now, unless a longer
+// pause is in force, and returns the pause remaining (µs). A new or longer
+// pause is counted, and published as "<bucket>|<µs remaining>" so that
+// watching gates drop the ticks their callers were granted before it; the
+// control hash outlives the pause by keep.
+const pauseLua = `
+local function pause(k_control, k_stats, now, d, reason, channel, bucket, keep)
+  local untilv = now + d
+  local cur = tonumber(redis.call('HGET', k_control, 'paused_until')) or 0
+  if untilv > cur then
+    if cur <= now then redis.call('HSET', k_control, 'pause_from', string.format('%d', now)) end
+    redis.call('HSET', k_control, 'paused_until', string.format('%d', untilv), 'pause_reason', reason)
+    redis.call('HINCRBY', k_stats, 'pauses', 1)
+    redis.call('PUBLISH', channel, bucket .. '|' .. string.format('%d', untilv - now))
+    cur = untilv
+  end
+  extend(k_control, cur + keep, now)
+  return math.max(cur - now, 0)
+end
+`
+
+// pauseScript pauses a bucket for every replica (see pauseLua).
 //
 // KEYS[1] control hash, KEYS[2] stats hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] pause length (µs)
 // from Redis now, ARGV[3] reason, ARGV[4] pause channel, ARGV[5] bucket
-// name, ARGV[6] keep (µs): the control hash outlives the pause by this.
-// Returns the pause remaining (µs): the longer of the existing pause and
-// the new one. A pause only ever extends. A new or longer pause is
-// published as "<bucket>|<µs remaining>" so that watching gates drop the
-// ticks their callers were granted before it.
-var pauseScript = redis.NewScript(nowLua + extendLua + `
-local now = now_us()
-local untilv = now + tonumber(ARGV[2])
-local cur = tonumber(redis.call('HGET', KEYS[1], 'paused_until')) or 0
-if untilv > cur then
-  if cur <= now then redis.call('HSET', KEYS[1], 'pause_from', string.format('%d', now)) end
-  redis.call('HSET', KEYS[1], 'paused_until', string.format('%d', untilv), 'pause_reason', ARGV[3])
-  redis.call('HINCRBY', KEYS[2], 'pauses', 1)
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. string.format('%d', untilv - now))
-  cur = untilv
-end
-extend(KEYS[1], cur + tonumber(ARGV[6]), now)
-return math.max(cur - now, 0)
+// name, ARGV[6] keep (µs). Returns the pause remaining (µs). A pause only
+// ever extends.
+var pauseScript = redis.NewScript(nowLua + extendLua + pauseLua + `
+local k_control, k_stats = KEYS[1], KEYS[2]
+local a_pause, a_reason, a_channel, a_bucket, a_keep = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+return pause(k_control, k_stats, now_us(), a_pause, a_reason, a_channel, a_bucket, a_keep)
 `)
 
 // Pause stops the bucket's ticks for d on every replica, and records why.

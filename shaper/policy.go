@@ -132,6 +132,11 @@ type Policy struct {
 	LeaseTTL time.Duration
 	// Adapt tunes learning from 429s that carry no limit.
 	Adapt Adapt
+	// StrictSpacing says the vendor refuses a call that comes closer to
+	// the one before than its spacing (window / rate), as nginx
+	// limit_req without burst does: its refusals widen the margin
+	// (Adapt.MaxMargin at most) before they lower the rate.
+	StrictSpacing bool
 	// Warmup, when set, ramps the primary limit's rate from WarmupFrom to
 	// Rate over Warmup whenever the bucket starts after being idle for
 	// longer than its window (a first call, a worker start after a

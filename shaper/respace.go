@@ -27,22 +27,33 @@ const respaceSlack = 100 * time.Millisecond
 // script).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
 // was published), else 0.
-var respaceScript = redis.NewScript(nowLua + `
+var respaceScript = redis.NewScript(nowLua + respaceLua + `
+local k_gate, k_replicas = KEYS[1], KEYS[2]
+local a_slack, a_channel, a_bucket, a_replica, a_entry = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
-local at = now + tonumber(ARGV[2])
-if ARGV[5] ~= '' then
-  local mine = ARGV[5] .. '|'
-  for _, f in ipairs(redis.call('HKEYS', KEYS[2])) do
-    if f ~= ARGV[6] and string.sub(f, 1, #mine) == mine then redis.call('HDEL', KEYS[2], f) end
+if a_replica ~= '' then
+  local mine = a_replica .. '|'
+  for _, f in ipairs(redis.call('HKEYS', k_replicas)) do
+    if f ~= a_entry and string.sub(f, 1, #mine) == mine then redis.call('HDEL', k_replicas, f) end
   end
 end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-if last == nil or last <= at then return 0 end
--- n: the line's last tick is spent, the next comes one interval after.
-redis.call('HSET', KEYS[1], 'last', string.format('%d', at), 'n', 1000000000, 'vt', string.format('%d', at))
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1
+return respace(k_gate, now, a_slack, a_channel, a_bucket)
 `)
+
+// respaceLua defines respace(k_gate, now, slack, channel, bucket): when
+// the bucket's line of reserved ticks reaches beyond now + slack, it
+// restarts there (the line's last tick is spent, the next comes one
+// interval after), the respace is published, and it returns 1; else 0.
+const respaceLua = `
+local function respace(k_gate, now, slack, channel, bucket)
+  local at = now + slack
+  local last = tonumber(redis.call('HGET', k_gate, 'last'))
+  if last == nil or last <= at then return 0 end
+  redis.call('HSET', k_gate, 'last', string.format('%d', at), 'n', 1000000000, 'vt', string.format('%d', at))
+  redis.call('PUBLISH', channel, bucket)
+  return 1
+end
+`
 
 // Respace makes a new spacing (a config edit, a lowered or raised rate)
 // what the vendor sees at once, instead of after the ticks already

@@ -105,7 +105,7 @@ func TestStatsSaysWhatSetsTheRate(t *testing.T) {
 		t.Errorf("warming up: source %q, %s left, rate %.1f of %.1f", st.Source, st.WarmingFor, st.EffectiveRate, st.ConfiguredRate)
 	}
 	acquire(500) // past the ramp, at the full spacing for two seconds
-	l, err := b.Control().RateLimited(ctx, last, Refusal{Reason: "HTTP 429", RetryAfter: true, Jitter: 5 * time.Millisecond})
+	l, err := b.Control().Refused(ctx, last, Answer{Reason: "HTTP 429", RetryAfter: true, Pause: time.Second, Jitter: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,16 +114,21 @@ func TestStatsSaysWhatSetsTheRate(t *testing.T) {
 	if l.Lesson != LessonMargin || st.Source != "margin" || st.Guard != 30*time.Millisecond || st.GuardReason == "" {
 		t.Errorf("refused at the full spacing: lesson %s, source %q, guard %s (%q); want margin, guard 30ms", l.Lesson, st.Source, st.Guard, st.GuardReason)
 	}
-	// A bucket without warm-up refused 20 calls in: the vendor allows
-	// no more than 20 per second.
-	b, err = g.Bucket("other", Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}})
+	// A bucket without warm-up refused 20 calls in, and every call after:
+	// the vendor allows no more than 20 per second. The first refusal
+	// (a cold start) widens the margin; the ones that go on lower the rate.
+	b, err = g.Bucket("other", Policy{Limits: []Limit{{Rate: 200, Window: time.Second}}, Horizon: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	acquire(20)
-	l, err = b.Control().RateLimited(ctx, last, Refusal{Reason: "HTTP 429", RetryAfter: true})
-	if err != nil {
-		t.Fatal(err)
+	for i := range 6 {
+		if i > 0 {
+			acquire(1)
+		}
+		if l, err = b.Control().Refused(ctx, last, Answer{Reason: "HTTP 429"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	st, _ = b.Stats(ctx)
 	t.Logf("refused after 20 calls: %+v; stats source %q, rate %.1f (%s)", l, st.Source, st.EffectiveRate, st.RateReason)
@@ -131,8 +136,8 @@ func TestStatsSaysWhatSetsTheRate(t *testing.T) {
 		t.Errorf("refused after 20 calls: lesson %s, source %q, rate %.1f; want a learned rate", l.Lesson, st.Source, st.EffectiveRate)
 	}
 	// What was learned outlives a worker restart: the control hash lives
-	// learnKeep after the last refusal, whatever the window.
-	if ttl := reps[0].rdb.PTTL(ctx, b.keys.control).Val(); ttl < learnKeep-time.Minute {
-		t.Errorf("the learned rate expires in %s, want about %s", ttl, learnKeep)
+	// Adapt.Keep after the last refusal, whatever the window.
+	if ttl := reps[0].rdb.PTTL(ctx, b.keys.control).Val(); ttl < defaultAdapt.Keep-time.Minute {
+		t.Errorf("the learned rate expires in %s, want about %s", ttl, defaultAdapt.Keep)
 	}
 }

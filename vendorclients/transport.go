@@ -32,7 +32,7 @@ type transport struct {
 
 // latencies keeps the last answers' round-trip times, whose spread
 // (longest less shortest) estimates the network jitter a refusal at the
-// full rate is judged with (see shaper.Control.RateLimited).
+// full rate is judged with (see shaper.Control.Refused).
 type latencies struct {
 	mu   sync.Mutex
 	ring [64]time.Duration
@@ -205,9 +205,9 @@ func closeBody(req *http.Request) {
 // adapt feeds what the response says about the vendor's limits back into
 // the gate, for every replica: an announced limit lowers the effective
 // rate; "0 remaining" pauses until the reset; a rate-limited answer pauses
-// until Retry-After, and without an announced limit also teaches the
-// bucket (see shaper.Control.RateLimited): a lower rate, or a wider
-// margin. It returns the pause in force (0 when none was set).
+// until Retry-After, and one without an announced limit is judged by the
+// gate's learning model (shaper.Control.Refused: a pause, a lower rate,
+// or a wider margin). It returns the pause in force (0 when none was set).
 func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *shaper.Permit, resp *http.Response) time.Duration {
 	ctl := bucket.Control()
 	vendor := t.vendor.Name
@@ -245,64 +245,52 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 		}
 	}
 	limited := isRateLimited(resp)
-	learn := limited && h.Limit == 0
-	var learned shaper.Learned
-	if limited {
-		if t.observer != nil {
-			t.observer.RateLimited(vendor)
-		}
-		if err := ctl.CountRateLimited(ctx); err != nil {
-			t.log.Error("vendorclients: could not count a rate-limited answer", "vendor", vendor, "err", err)
-		}
-	}
-	if learn {
-		var jitter time.Duration
-		if t.latency != nil {
-			jitter = t.latency.spread()
-		}
-		var err error
-		learned, err = ctl.RateLimited(ctx, permit, shaper.Refusal{Reason: fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode),
-			RetryAfter: h.HasRetryAfter, Jitter: jitter})
-		if err != nil {
-			t.log.Error("vendorclients: could not learn from a rate-limited answer", "vendor", vendor, "err", err)
-		}
+	if limited && t.observer != nil {
+		t.observer.RateLimited(vendor)
 	}
 	d, reason := pauseFor(resp, h, limited)
-	switch {
-	case learn && learned.InForce == shaper.LessonMargin && !h.HasRetryAfter:
-		// Refused for spacing, not for the rate: the respace below
-		// drops the ticks granted at the old spacing; a pause would
-		// only cost calls.
-		d = 0
-	case learn:
-		// The rate is (or was just) lowered: ticks granted at the old
-		// rate reach at most a horizon ahead, so pausing at least that
-		// long drops them all, and no window mixes old and new spacing.
-		d = max(d, bucket.Policy().Horizon)
-	}
 	if d > t.vendor.MaxRetryAfter {
 		t.log.Warn("vendorclients: capping a pause the vendor asked for", "vendor", vendor, "asked", d, "cap", t.vendor.MaxRetryAfter)
 		d = t.vendor.MaxRetryAfter
 	}
-	var pause time.Duration
-	if d > 0 {
-		left, err := ctl.Pause(ctx, d, reason)
+	if limited && h.Limit == 0 {
+		// Refused without an announced limit: the gate judges it and
+		// applies the judgement (pause, rate, margin) in one place.
+		var jitter time.Duration
+		if t.latency != nil {
+			jitter = t.latency.spread()
+		}
+		dec, err := ctl.Refused(ctx, permit, shaper.Answer{Reason: fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode),
+			Pause: d, PauseReason: reason, RetryAfter: h.HasRetryAfter, Jitter: jitter})
 		if err != nil {
-			t.log.Error("vendorclients: could not pause the vendor; other replicas may call it until it answers 429 again", "vendor", vendor, "err", err)
-		} else {
-			pause = left
-			t.log.Info("vendorclients: vendor paused for every replica", "vendor", vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
+			t.log.Error("vendorclients: could not pause the vendor or learn from its rate-limited answer; other replicas may call it until it answers 429 again", "vendor", vendor, "err", err)
+			return 0
+		}
+		switch dec.Lesson {
+		case shaper.LessonRate:
+			t.log.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", vendor, "rate", dec.Rate, "per", primary.Window, "reason", dec.Reason)
+		case shaper.LessonMargin:
+			t.log.Info("vendorclients: rate-limited at the full spacing; margin widened", "vendor", vendor, "guard", dec.Guard, "reason", dec.Reason)
+		}
+		if dec.Pause > 0 {
+			t.log.Info("vendorclients: vendor paused for every replica", "vendor", vendor, "pause", dec.Pause.Round(time.Millisecond), "reason", reason)
+		}
+		return dec.Pause
+	}
+	if limited {
+		if err := ctl.CountRateLimited(ctx); err != nil {
+			t.log.Error("vendorclients: could not count a rate-limited answer", "vendor", vendor, "err", err)
 		}
 	}
-	switch learned.Lesson {
-	case shaper.LessonRate:
-		t.log.Info("vendorclients: rate-limited without an announced limit; effective rate lowered", "vendor", vendor, "rate", learned.Rate, "per", primary.Window, "reason", learned.Reason)
-	case shaper.LessonMargin:
-		t.log.Info("vendorclients: rate-limited at the full spacing; margin widened", "vendor", vendor, "guard", learned.Guard, "reason", learned.Reason)
-		if err := ctl.Respace(ctx); err != nil {
-			t.log.Error("vendorclients: could not respace after widening the margin", "vendor", vendor, "err", err)
-		}
+	if d <= 0 {
+		return 0
 	}
+	pause, err := ctl.Pause(ctx, d, reason)
+	if err != nil {
+		t.log.Error("vendorclients: could not pause the vendor; other replicas may call it until it answers 429 again", "vendor", vendor, "err", err)
+		return 0
+	}
+	t.log.Info("vendorclients: vendor paused for every replica", "vendor", vendor, "pause", pause.Round(time.Millisecond), "reason", reason)
 	return pause
 }
 

@@ -1,0 +1,296 @@
+package shaper
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/windows"
+)
+
+// The learning simulator runs the real gate (the reserve script on a real
+// Redis, with Redis time overridden) and the real learning code
+// (Control.Refused) against model vendors on a virtual clock: each call
+// starts at its tick, reaches the vendor after a network delay, and a
+// refusal is judged at the moment it arrives. Nothing sleeps, so the
+// figures are the same on every machine.
+
+// simVendor is a model vendor: admit says whether a call arriving at at
+// (virtual µs, in arrival order) is accepted.
+type simVendor interface{ admit(at int64) bool }
+
+// fixedVendor allows limit calls per window of w starting at phase.
+type fixedVendor struct {
+	limit, w, phase int64
+	k, n            int64
+}
+
+func (v *fixedVendor) admit(at int64) bool {
+	if k := windows.FloorDiv(at-v.phase, v.w); k != v.k {
+		v.k, v.n = k, 0
+	}
+	v.n++
+	return v.n <= v.limit
+}
+
+// slidingVendor allows limit calls in any window of w (a sliding log).
+type slidingVendor struct {
+	limit, w int64
+	log      []int64
+}
+
+func (v *slidingVendor) admit(at int64) bool {
+	for len(v.log) > 0 && v.log[0] <= at-v.w {
+		v.log = v.log[1:]
+	}
+	if int64(len(v.log)) >= v.limit {
+		return false
+	}
+	v.log = append(v.log, at)
+	return true
+}
+
+// gcraVendor is a token bucket of limit per w with a burst of two.
+type gcraVendor struct {
+	limit, w, tat int64
+}
+
+func (v *gcraVendor) admit(at int64) bool {
+	T := v.w / v.limit
+	if at < v.tat-T {
+		return false
+	}
+	v.tat = max(v.tat, at) + T
+	return true
+}
+
+// spacingVendor refuses a call that comes less than gap after the last
+// one it accepted (nginx limit_req without burst).
+type spacingVendor struct {
+	gap, last int64
+}
+
+func (v *spacingVendor) admit(at int64) bool {
+	if v.last != 0 && at-v.last < v.gap {
+		return false
+	}
+	v.last = at
+	return true
+}
+
+// simScenario is one simulated run.
+type simScenario struct {
+	kind       string // fixed, sliding, gcra, spacing
+	limit      int    // the vendor's limit per second
+	configured int    // shaper's configured rate per second
+	retryAfter bool   // the vendor sends Retry-After: 1
+	jitter     time.Duration
+	phase      time.Duration
+	replicas   int
+	run        time.Duration
+	strict     bool // configured with strict_spacing
+	seed       uint64
+}
+
+func (sc simScenario) String() string {
+	ra := "no Retry-After"
+	if sc.retryAfter {
+		ra = "Retry-After"
+	}
+	s := fmt.Sprintf("%s %d/s, configured %d/s, %s, jitter 0-%s, phase %s", sc.kind, sc.limit, sc.configured, ra, sc.jitter, sc.phase)
+	if sc.strict {
+		s += ", strict_spacing"
+	}
+	return s
+}
+
+// simResult is what the vendor saw.
+type simResult struct {
+	accepted, refused int
+	share             float64 // accepted calls over what the limit allows in the run, from the first call
+	rate              float64 // the effective rate at the end
+	guard             time.Duration
+}
+
+type arrival struct {
+	arrive int64
+	p      *Permit
+}
+
+type arrivals []arrival
+
+func (h arrivals) Len() int           { return len(h) }
+func (h arrivals) Less(i, j int) bool { return h[i].arrive < h[j].arrive }
+func (h arrivals) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *arrivals) Push(x any)        { *h = append(*h, x.(arrival)) }
+func (h *arrivals) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+// simulateLearning runs sc: replicas gates share one bucket, taking turns to
+// reserve the next tick.
+func simulateLearning(t *testing.T, sc simScenario) simResult {
+	t.Helper()
+	ctx := context.Background()
+	const w = int64(time.Second / time.Microsecond)
+	start := int64(1_800_000_000)*w + sc.phase.Microseconds()
+	clk := &redisClock{}
+	clk.set(start)
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	var buckets []*Bucket
+	for range max(sc.replicas, 1) {
+		r := newReplica(t, addr, prefix, virtualClock{clk})
+		r.gate.testNow = clk.now
+		b, err := r.gate.Bucket("sim", Policy{Limits: []Limit{{Rate: sc.configured, Window: time.Second}}, StrictSpacing: sc.strict})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buckets = append(buckets, b)
+	}
+	var vendor simVendor
+	switch sc.kind {
+	case "fixed":
+		vendor = &fixedVendor{limit: int64(sc.limit), w: w, k: -1 << 62}
+	case "sliding":
+		vendor = &slidingVendor{limit: int64(sc.limit), w: w}
+	case "gcra":
+		vendor = &gcraVendor{limit: int64(sc.limit), w: w}
+	case "spacing":
+		vendor = &spacingVendor{gap: w / int64(sc.limit)}
+	default:
+		t.Fatalf("unknown vendor kind %q", sc.kind)
+	}
+	rng := rand.New(rand.NewPCG(sc.seed, 7))
+	var res simResult
+	pending := &arrivals{}
+	var first int64 // the first call's arrival: shares count from it
+	deliverUntil := func(to int64) {
+		for pending.Len() > 0 && (*pending)[0].arrive <= to {
+			c := heap.Pop(pending).(arrival)
+			clk.set(c.arrive)
+			if first == 0 {
+				first = c.arrive
+			}
+			if vendor.admit(c.arrive) {
+				res.accepted++
+				continue
+			}
+			res.refused++
+			ans := Answer{Reason: "HTTP 429", Pause: time.Second, PauseReason: "HTTP 429 without Retry-After", Jitter: sc.jitter}
+			if sc.retryAfter {
+				ans.RetryAfter, ans.PauseReason = true, "HTTP 429, Retry-After: 1"
+			}
+			if _, err := c.p.bucket.Control().Refused(ctx, c.p, ans); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := 0; first == 0 || clk.now() < first+sc.run.Microseconds(); i++ {
+		b := buckets[i%len(buckets)]
+		r, err := b.reserve(ctx, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			if r.wait <= 0 {
+				t.Fatalf("deferred (reason %d) with nothing to wait", r.reason)
+			}
+			to := clk.now() + r.wait.Microseconds()
+			deliverUntil(to)
+			clk.set(to)
+			continue
+		}
+		tick := clk.now() + r.wait.Microseconds()
+		deliverUntil(tick)
+		clk.set(tick)
+		var delay int64
+		if sc.jitter > 0 {
+			delay = rng.Int64N(sc.jitter.Microseconds() + 1)
+		}
+		heap.Push(pending, arrival{arrive: tick + delay, p: &Permit{bucket: b, lease: r.lease, at: r.tick}})
+	}
+	deliverUntil(first + sc.run.Microseconds())
+	res.share = float64(res.accepted) / (float64(sc.limit) * sc.run.Seconds())
+	st, err := buckets[0].Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.rate, res.guard = st.EffectiveRate, st.Guard
+	return res
+}
+
+// virtualClock is the local clock of a simulated gate: the virtual Redis
+// time. Nothing in the simulator sleeps.
+type virtualClock struct{ c *redisClock }
+
+func (v virtualClock) Now() time.Time { return time.UnixMicro(v.c.now()) }
+func (v virtualClock) Sleep(ctx context.Context, d time.Duration) error {
+	v.c.advance(d)
+	return ctx.Err()
+}
+
+// TestLearningSimulated holds the learning figures on the simulator, a
+// minute of virtual time each, three replicas: configured at twice a
+// fixed or sliding vendor's limit (30/s), with and without Retry-After,
+// at several phases; 0-40 ms of network jitter before fixed and sliding
+// vendors at 100/s with nothing but the rate configured; a vendor that
+// enforces spacing (nginx limit_req without burst); a token bucket.
+func TestLearningSimulated(t *testing.T) {
+	type bar struct {
+		share   float64 // at least
+		refused float64 // at most, per 1,000 calls (or in all, when perMille is false)
+		perMil  bool
+	}
+	var cases []struct {
+		sc  simScenario
+		bar bar
+	}
+	add := func(sc simScenario, b bar) {
+		sc.replicas, sc.run = 3, time.Minute
+		cases = append(cases, struct {
+			sc  simScenario
+			bar bar
+		}{sc, b})
+	}
+	for _, kind := range []string{"fixed", "sliding"} {
+		for _, ra := range []bool{true, false} {
+			for i, phase := range []time.Duration{0, 137 * time.Millisecond, 503 * time.Millisecond, 911 * time.Millisecond} {
+				add(simScenario{kind: kind, limit: 30, configured: 60, retryAfter: ra, phase: phase, jitter: 2 * time.Millisecond, seed: uint64(i)},
+					bar{share: 0.95, refused: 10})
+			}
+		}
+		add(simScenario{kind: kind, limit: 100, configured: 100, jitter: 40 * time.Millisecond, phase: 250 * time.Millisecond, seed: 1},
+			bar{share: 0.95, refused: 3, perMil: true})
+		add(simScenario{kind: kind, limit: 100, configured: 100, jitter: 40 * time.Millisecond, retryAfter: true, phase: 750 * time.Millisecond, seed: 2},
+			bar{share: 0.95, refused: 3, perMil: true})
+	}
+	add(simScenario{kind: "gcra", limit: 30, configured: 60, retryAfter: true, jitter: 2 * time.Millisecond, seed: 3}, bar{share: 0.9, refused: 10})
+	add(simScenario{kind: "spacing", limit: 100, configured: 100, jitter: time.Millisecond, seed: 4}, bar{share: 0.8, refused: 10, perMil: true})
+	add(simScenario{kind: "spacing", limit: 100, configured: 100, jitter: time.Millisecond, strict: true, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
+	add(simScenario{kind: "fixed", limit: 100, configured: 100, jitter: 3 * time.Millisecond, phase: 400 * time.Millisecond, seed: 5}, bar{share: 0.98, refused: 0})
+
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| vendor | share of the limit | 429s | per 1,000 | rate at the end | guard |\n|---|---|---|---|---|---|\n")
+	for _, c := range cases {
+		res := simulateLearning(t, c.sc)
+		perMil := 1000 * float64(res.refused) / float64(max(res.accepted+res.refused, 1))
+		fmt.Fprintf(&table, "| %s | %.1f%% | %d | %.1f | %.1f | %s |\n", c.sc, 100*res.share, res.refused, perMil, res.rate, res.guard)
+		refused := float64(res.refused)
+		if c.bar.perMil {
+			refused = perMil
+		}
+		if res.share < c.bar.share || refused > c.bar.refused {
+			t.Errorf("%s: %.1f%% of the limit, %d 429s (%.1f per 1,000); want >= %.0f%% and <= %g",
+				c.sc, 100*res.share, res.refused, perMil, 100*c.bar.share, c.bar.refused)
+		}
+	}
+	t.Log(table.String())
+}
