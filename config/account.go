@@ -116,6 +116,7 @@ func (p *parser) overrides(t string, raw any, vd Vendor, vendorOK bool) []Overri
 			o.Burst = rawInt(x, 1, "burst", fail)
 		}
 		if x, ok := m["guard"]; ok {
+			o.GuardMeasured = false
 			if o.Guard, ok = rawDuration(x, "guard", fail); ok && o.Guard < 0 {
 				fail("guard = %s must not be negative; 0 turns the jitter margin off", o.Guard)
 			}

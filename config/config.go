@@ -103,17 +103,20 @@ func (r Redis) Embedded() bool { return r.Addr == "" }
 // override names). The config checks that the URL with {account}
 // replaced is an absolute http(s) URL.
 type Vendor struct {
-	Name        string
-	BaseURL     string
-	Rate        int
-	Window      time.Duration
-	Burst       int
-	Guard       time.Duration
-	QueueLimit  int // 0: unbounded
-	MaxInFlight int // 0: no cap
-	Limits      []shaper.Limit
-	Timeout     time.Duration // one call, from its tick
-	Concurrency int           // worker budget per process; 0: sized from the rate
+	Name    string
+	BaseURL string
+	Rate    int
+	Window  time.Duration
+	Burst   int
+	Guard   time.Duration
+	// GuardMeasured: the guard key is absent; Guard holds
+	// shaper.DefaultGuard, the guard until the worker has measured one.
+	GuardMeasured bool
+	QueueLimit    int // 0: unbounded
+	MaxInFlight   int // 0: no cap
+	Limits        []shaper.Limit
+	Timeout       time.Duration // one call, from its tick
+	Concurrency   int           // worker budget per process; 0: sized from the rate
 	// Headers are set on every call; values may name environment
 	// variables as ${NAME} (secrets), expanded by ExpandHeaders.
 	Headers       map[string]string
@@ -146,25 +149,28 @@ type Vendor struct {
 // values of the per-account keys, the item's where it sets them and the
 // vendor's elsewhere. An item's limits replace the vendor's limits.
 type Override struct {
-	Account     string
-	Rate        int
-	Window      time.Duration
-	Burst       int
-	Guard       time.Duration
-	Limits      []shaper.Limit
-	MaxInFlight int
+	Account string
+	Rate    int
+	Window  time.Duration
+	Burst   int
+	Guard   time.Duration
+	// GuardMeasured: no guard key set it; the guard follows measurement.
+	GuardMeasured bool
+	Limits        []shaper.Limit
+	MaxInFlight   int
 }
 
 // overrideOf returns the vendor's per-account values, the start of an
 // override before its item's keys are read.
 func overrideOf(v Vendor, account string) Override {
 	return Override{Account: account, Rate: v.Rate, Window: v.Window, Burst: v.Burst, Guard: v.Guard,
-		Limits: v.Limits, MaxInFlight: v.MaxInFlight}
+		GuardMeasured: v.GuardMeasured, Limits: v.Limits, MaxInFlight: v.MaxInFlight}
 }
 
 // apply returns v with o's per-account values.
 func (o Override) apply(v Vendor) Vendor {
 	v.Rate, v.Window, v.Burst, v.Guard, v.Limits, v.MaxInFlight = o.Rate, o.Window, o.Burst, o.Guard, o.Limits, o.MaxInFlight
+	v.GuardMeasured = o.GuardMeasured
 	return v
 }
 
@@ -206,6 +212,11 @@ func (v Vendor) Policy() shaper.Policy {
 		StrictSpacing: v.StrictSpacing,
 		Warmup:        v.Warmup,
 		WarmupFrom:    v.WarmupFrom,
+	}
+	if v.GuardMeasured {
+		// No guard key: the guard follows what the worker measures,
+		// from shaper.DefaultGuard (see shaper.Policy.Guard).
+		p.Guard, p.NoGuard = 0, false
 	}
 	return p
 }

@@ -217,6 +217,7 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 	}
 	vd.Burst, _ = p.integer(t, "burst", 1, shaper.DefaultBurst)
 	vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)
+	vd.GuardMeasured = !p.isSet(t, "guard")
 	if vd.Guard < 0 {
 		p.errorf(t, "guard", "%s must not be negative; 0 turns the jitter margin off", vd.Guard)
 	} else if vd.Window > 0 && vd.Guard >= vd.Window {

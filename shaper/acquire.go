@@ -149,7 +149,8 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		}
 		now := clock.Now()
 		late := now.Sub(earliest)
-		tolerance := b.policy.Tolerance
+		b.observeLate(late)
+		_, _, _, tolerance := b.spacing()
 		if r.tolerance > 0 {
 			tolerance = min(tolerance, r.tolerance)
 		}

@@ -136,25 +136,42 @@ func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error)
 // KEYS[1] control hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] configured rate,
 // ARGV[3] step (calls per window), ARGV[4] quiet period (µs), ARGV[5]
-// probe age (µs).
+// probe age (µs), ARGV[6] recheck (µs): the quiet time before a step
+// toward est_hi.
 // Returns "" when nothing changed, else the new rate ("0" when cleared).
 var raiseScript = redis.NewScript(nowLua + raiseLua + `
-local r = raise_rate(KEYS[1], now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+local r = raise_rate(KEYS[1], now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 if r == nil then return '' end
 return tostring(r)
 `)
 
-// raiseLua defines raise_rate(key, now, cfg, step, quiet, probe): one
-// additive step of a learned rate in control hash key (see raiseScript),
-// returning the new rate (0: back to the configured rate) or nil when
-// nothing changed. The reserve script runs it too, so a learned rate
+// raiseLua defines raise_rate(key, now, cfg, step, quiet, probe,
+// recheck): one step up of a learned rate in control hash key (see
+// raiseScript), returning the new rate (0: back to the configured rate)
+// or nil when nothing changed. Below the largest limit consistent with
+// what the vendor did ('est_hi', written by a rate lesson), the step goes
+// halfway to it after recheck without a refusal (a refusal there narrows
+// the range, and the rate returns to the last quiet one); above it, one
+// additive step after each quiet period, below the rate that failed until
+// probe. The reserve script runs it too, so a learned rate
 // recovers with the bucket's own traffic, without a process polling it.
 const raiseLua = `
-local function raise_rate(key, now, cfg, step, quiet, probe)
-  local c = redis.call('HMGET', key, 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source')
+local function raise_rate(key, now, cfg, step, quiet, probe, recheck)
+  local c = redis.call('HMGET', key, 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source', 'est_hi')
   local cur = tonumber(c[1])
   if not cur or c[5] ~= 'learned' then return nil end
   local sinceThrottle = now - (tonumber(c[3]) or 0)
+  local est = tonumber(c[6])
+  if est and est > cur then
+    if now - (tonumber(c[2]) or 0) < recheck or sinceThrottle < recheck then return nil end
+    local new = math.min(math.max(cur + step, (cur + est) / 2), est)
+    if est - new < 1 then new = est end
+    if new >= est then redis.call('HDEL', key, 'est_hi') end
+    redis.call('HSET', key, 'rate', tostring(new), 'lo', tostring(cur), 'last_change', string.format('%d', now),
+      'probe_at', string.format('%d', now),
+      'rate_reason', string.format('probing toward %.4g, the largest limit consistent with what the vendor did', est))
+    return new
+  end
   if now - (tonumber(c[2]) or 0) < quiet or sinceThrottle < quiet then return nil end
   local hi = tonumber(c[4]) or cfg
   if sinceThrottle >= probe then hi = cfg * 2 end
@@ -182,7 +199,7 @@ func (c *Control) RaiseRate(ctx context.Context) (float64, bool, error) {
 	b := c.b
 	a := b.policy.Adapt.withDefaults()
 	s, err := raiseScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), c.configured(),
-		c.configured()*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds()).Text()
+		c.configured()*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds(), int64(a.Recheck)*b.policy.Limits[0].Window.Microseconds()).Text()
 	if err != nil {
 		return 0, false, fmt.Errorf("shaper: raise the rate of %q: %w", b.name, err)
 	}

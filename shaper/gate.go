@@ -73,6 +73,7 @@ type Bucket struct {
 	limits   string        // limitSpec of the policy
 	keys     bucketKeys
 	made     uint64 // order among the gate's handles: a later handle holds a newer policy
+	meter    *meter // the measured margin (nil: the policy's guard is fixed)
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

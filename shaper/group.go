@@ -79,6 +79,10 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 		}
 	}
 	keep += p.Guard
-	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep,
+	var m *meter
+	if p.measured {
+		m = &meter{}
+	}
+	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: m,
 		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1)}, nil
 }

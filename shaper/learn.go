@@ -86,7 +86,7 @@ if a_tick_s ~= '0' then
 end
 redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
-local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick')
+local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at')
 local mode = 1
 if now - (tonumber(c[1]) or 0) < a_cooldown then
   if c[2] ~= 'margin' then
@@ -99,7 +99,7 @@ else
   redis.call('HSET', k_control, 'last_decrease', string.format('%d', now))
 end
 return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', k_ticks, 0, -1),
-  redis.call('LRANGE', k_limited, 0, -1), c[6] or ''}
+  redis.call('LRANGE', k_limited, 0, -1), c[6] or '', c[7] or ''}
 `)
 
 // applyArgs is the apply script's ARGV, in order (see applyScript).
@@ -191,16 +191,22 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		}
 		return out, nil
 	}
-	if len(res) < 8 {
+	if len(res) < 9 {
 		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
 	mode, _ := res[0].(int64)
 	cfg := c.configured()
+	_, _, inForce, _ := b.spacing()
+	jitter := ans.Jitter
+	if b.meter != nil {
+		jitter = max(jitter, b.meter.spread())
+	}
 	e := evidence{
 		tick: tick, ok: parseInts(res[5]), limited: parseInts(res[6]), window: primary.Window.Microseconds(),
 		configured: cfg, rate: parseFloat(res[2], cfg), quiet: parseFloat(res[4], 0),
-		guard: max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, b.policy.Guard), baseGuard: b.policy.Guard,
-		jitter: ans.Jitter, inForce: out.InForce, lessonTick: int64(parseFloat(res[7], 0)), sinceMargin: mode == 2, strict: b.policy.StrictSpacing,
+		guard: max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, inForce), baseGuard: inForce,
+		jitter: jitter, inForce: out.InForce, lessonTick: int64(parseFloat(res[7], 0)), sinceMargin: mode == 2, strict: b.policy.StrictSpacing,
+		probeAt: int64(parseFloat(res[8], 0)),
 	}
 	seen, _ := res[7].(string)
 	if e.tick == 0 && len(e.limited) > 0 {
@@ -219,8 +225,12 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		out.Rate, out.Guard = l.rate, l.guard
 		out.Reason = ans.Reason + ": " + l.because
 		rate := strconv.FormatFloat(l.rate, 'f', -1, 64)
+		est := "" // the largest limit consistent with what the vendor did, when above the rate: probed (raise_rate)
+		if l.hi > 0 && float64(l.hi) > l.rate+0.5 {
+			est = strconv.Itoa(min(l.hi, int(e.rate*a.MinCut)))
+		}
 		args.Fields = fields("rate", rate, "hi", rate, "rate_reason", out.Reason, "rate_source", "learned", "lesson", "rate",
-			"guard", strconv.FormatInt(l.guard.Microseconds(), 10), "tol", "0", "guard_reason", "", "lesson_tick", at)
+			"guard", strconv.FormatInt(l.guard.Microseconds(), 10), "tol", "0", "guard_reason", "", "lesson_tick", at, "est_hi", est)
 		// Ticks granted at the old rate reach at most a horizon ahead:
 		// pausing that long drops them all.
 		args.Pause = max(args.Pause, b.policy.Horizon.Microseconds())

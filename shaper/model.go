@@ -32,7 +32,8 @@ import (
 //     is at its cap (at most Tolerated of a window's calls) are left
 //     alone, each costing one call and no pause.
 //   - Otherwise, when refusals go on after a margin lesson (Escalate of
-//     them within a window), or once the margin is at MaxMargin: a rate
+//     them within a window, fewer accepted among them), or once the
+//     margin is at MaxMargin: a rate
 //     lesson lowers the rate to lo (between MaxCut and MinCut of it).
 //   - Within a window (+ guard) of a rate lesson, refusals teach nothing
 //     new: the calls were on their way before it.
@@ -87,8 +88,9 @@ type Adapt struct {
 	// alone once a margin was learned; default 0.05.
 	Tolerated float64
 	// Escalate is how many refusals within a window of a margin lesson,
-	// with fewer than twice as many calls accepted among them, make it a
-	// rate lesson after all; default 5.
+	// with fewer calls accepted among them than that, make it a rate
+	// lesson after all (a window vendor refuses every call until its
+	// window ends, a token bucket every other one); default 5.
 	Escalate int
 	// Recheck is how many windows after a margin lesson a refusal at the
 	// full rate is judged on lo (a fixed window whose boundary fell
@@ -96,6 +98,19 @@ type Adapt struct {
 	Recheck int
 	// Keep is how long the belief outlives the last refusal; default 10m.
 	Keep time.Duration
+
+	// The measured margin, for a policy without a configured Guard: the
+	// guard covers how late calls start after their tick (LateFactor
+	// times the latest start, which is also the tolerance) and the spread
+	// of round trips to the vendor, plus MarginOver; at least MinGuard
+	// (default 3ms) and at most MaxMargin of the window. The latest start
+	// and the spread are the maxima of the last one or two MeasurePeriods
+	// (default 10s); until MeasureSamples calls (default 16) were seen,
+	// the default guard holds. LateFactor defaults to 2.
+	MinGuard       time.Duration
+	LateFactor     float64
+	MeasurePeriod  time.Duration
+	MeasureSamples int
 }
 
 // Defaults of Adapt.
@@ -112,7 +127,7 @@ var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
 	Floor: DefaultAdaptFloor, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3,
-	Keep: 10 * time.Minute,
+	Keep: 10 * time.Minute, MinGuard: 3 * time.Millisecond, LateFactor: 2, MeasurePeriod: 10 * time.Second, MeasureSamples: 16,
 }
 
 func (a Adapt) withDefaults() Adapt {
@@ -135,19 +150,23 @@ func (a Adapt) withDefaults() Adapt {
 			*f.v = *f.def
 		}
 	}
-	for _, f := range []struct{ v, def *float64 }{{&a.MarginGrowth, &d.MarginGrowth}, {&a.EdgeGrowth, &d.EdgeGrowth}} {
+	for _, f := range []struct{ v, def *float64 }{{&a.MarginGrowth, &d.MarginGrowth}, {&a.EdgeGrowth, &d.EdgeGrowth}, {&a.LateFactor, &d.LateFactor}} {
 		if *f.v < 1 {
 			*f.v = *f.def
 		}
 	}
 	for _, f := range []struct{ v, def *time.Duration }{{&a.Quiet, &d.Quiet}, {&a.Probe, &d.Probe},
-		{&a.MarginOver, &d.MarginOver}, {&a.Tolerance, &d.Tolerance}, {&a.Keep, &d.Keep}} {
+		{&a.MarginOver, &d.MarginOver}, {&a.Tolerance, &d.Tolerance}, {&a.Keep, &d.Keep}, {&a.MinGuard, &d.MinGuard},
+		{&a.MeasurePeriod, &d.MeasurePeriod}} {
 		if *f.v <= 0 {
 			*f.v = *f.def
 		}
 	}
 	if a.Escalate <= 0 {
 		a.Escalate = d.Escalate
+	}
+	if a.MeasureSamples <= 0 {
+		a.MeasureSamples = d.MeasureSamples
 	}
 	if a.Recheck <= 0 {
 		a.Recheck = d.Recheck
@@ -178,6 +197,9 @@ type evidence struct {
 	sinceMargin bool
 	// strict: the vendor enforces spacing (Policy.StrictSpacing).
 	strict bool
+	// probeAt: when a learned rate last stepped toward the largest
+	// limit consistent with what the vendor did (0: never).
+	probeAt int64
 }
 
 // lesson is the update a refusal makes to the belief.
@@ -225,6 +247,11 @@ func (a Adapt) judge(e evidence) lesson {
 		}
 		return a.rateLesson(e, float64(lo), lo, hi, "refusals go on at the widest margin")
 	}
+	if e.probeAt > 0 && e.tick > e.probeAt && e.tick-e.probeAt < int64(a.Recheck)*w {
+		// Refused soon after a step toward the largest consistent limit:
+		// the step failed (the rate goes back to the last quiet one).
+		return a.rateLesson(e, float64(lo), lo, hi, "a step up failed")
+	}
 	if e.sinceMargin {
 		// Refusals that go on after a margin lesson: a vendor over its
 		// window limit refuses every call until the window ends (a token
@@ -236,7 +263,7 @@ func (a Adapt) judge(e evidence) lesson {
 			return lesson{lo: lo, hi: hi}
 		}
 		from := recent[len(recent)-a.Escalate]
-		if slidingCount(e.ok, e.tick, e.tick-from) >= 2*a.Escalate {
+		if slidingCount(e.ok, e.tick, e.tick-from) >= a.Escalate {
 			return lesson{lo: lo, hi: hi}
 		}
 		e.guard = e.baseGuard // the margin was not the answer

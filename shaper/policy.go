@@ -113,10 +113,17 @@ type Policy struct {
 	Burst int
 	// Guard widens every window when the spacing is computed, so that a
 	// call that starts up to Guard late (wake-up lateness plus network
-	// jitter) still lands in the right vendor window. Default 20ms.
-	// Set NoGuard to use no margin at all.
+	// jitter) still lands in the right vendor window. A Guard set here is
+	// fixed (429s may still widen it). Left zero, the guard follows what
+	// this process measures (see Adapt.MinGuard): DefaultGuard until
+	// enough calls were seen, then how late calls start and the spread of
+	// round trips to the vendor, so a quiet host gets close to the full
+	// rate and a noisy one or a jittery network widens the spacing before
+	// the vendor has to refuse a call. Set NoGuard to use no margin at all.
 	Guard   time.Duration
 	NoGuard bool
+	// measured: Guard was left zero, and follows measurement.
+	measured bool
 	// Tolerance is how late a caller may start after its tick; a caller
 	// that wakes later gives the tick up and asks again. It must leave room
 	// for network jitter inside Guard. Default max(3/4 of Guard, 1ms).
@@ -193,7 +200,7 @@ func (p Policy) withDefaults() Policy {
 		p.Burst = DefaultBurst
 	}
 	if p.Guard == 0 && !p.NoGuard {
-		p.Guard = DefaultGuard
+		p.Guard, p.measured = DefaultGuard, true
 	}
 	if p.Tolerance == 0 {
 		p.Tolerance = max(p.Guard*3/4, minTolerance)

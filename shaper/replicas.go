@@ -37,8 +37,9 @@ return 0
 // replica silent for 5 s no longer counts.
 func (c *Control) Heartbeat(ctx context.Context, replica string) error {
 	b := c.b
+	iv, burst, _, _ := b.spacing()
 	err := heartbeatScript.Run(ctx, b.gate.rdb, []string{b.keys.replicas}, b.gate.redisNow(), replica,
-		b.interval.Microseconds(), b.burst, replicaForget.Microseconds()).Err()
+		iv.Microseconds(), burst, replicaForget.Microseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("shaper: heartbeat for %q: %w", b.name, err)
 	}

@@ -86,5 +86,6 @@ func (b *Bucket) replicaField() string {
 	if b.gate.replica == "" {
 		return ""
 	}
-	return fmt.Sprintf("%s|%d|%d", b.gate.replica, b.interval.Microseconds(), b.burst)
+	iv, burst, _, _ := b.spacing()
+	return fmt.Sprintf("%s|%d|%d", b.gate.replica, iv.Microseconds(), burst)
 }

@@ -141,10 +141,11 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	num := func(k string) int64 { n, _ := strconv.ParseInt(v[k], 10, 64); return n }
 	now := num("now")
 	window := b.policy.Limits[0].Window
+	civ, cburst, cguard, ctol := b.spacing()
 	st := Stats{
 		Bucket:         b.name,
 		Window:         window,
-		ConfiguredRate: EffectiveRate(b.interval, b.burst, window),
+		ConfiguredRate: EffectiveRate(civ, cburst, window),
 		PauseReason:    v["pause_reason"],
 		RateReason:     v["rate_reason"],
 		Granted:        num("granted"),
@@ -158,8 +159,12 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	}
 	st.GrantedLastMinute = lastMinute(now, "granted", num)
 	st.RateLimitedLastMinute = lastMinute(now, "rate_limited", num)
-	iv, burst := b.interval, b.burst
-	st.Source, st.Guard = "configured", b.policy.Guard
+	iv, burst := civ, cburst
+	st.Source, st.Guard = "configured", cguard
+	if b.meter != nil && cguard != b.policy.Guard {
+		st.GuardReason = fmt.Sprintf("measured: calls start within %s of their tick (tolerance), round trips spread %s",
+			ctol.Round(100*time.Microsecond), b.meter.spread().Round(100*time.Microsecond))
+	}
 	rate := float64(b.policy.Limits[0].Rate)
 	if r, err := strconv.ParseFloat(v["rate"], 64); err == nil && r > 0 {
 		iv, burst = b.policy.WithRate(r)

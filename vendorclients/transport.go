@@ -180,8 +180,12 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	}
 	sent := time.Now()
 	resp, err := t.base.RoundTrip(out)
-	if err == nil && t.latency != nil {
-		t.latency.add(time.Since(sent))
+	if err == nil {
+		took := time.Since(sent)
+		bucket.ObserveRoundTrip(took) // a measured guard follows the spread of round trips
+		if t.latency != nil {
+			t.latency.add(took)
+		}
 	}
 	if err != nil {
 		cancel()

@@ -127,6 +127,7 @@ func jobLines(prefix string, n int) string {
 // TestFaultWorkerKilledLosesNothing is the quick version in make test.
 func TestLongThreeWorkersAndAKill(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	addr := redistest.Addr(t)
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)

@@ -57,6 +57,7 @@ func reportFault(t *testing.T, vend *vendorsim.Vendor, n int) {
 // package's TestFaultRetriesThrough5xxAndHangs is the quick version.
 func TestLongFaultVendor5xxBurstsAndHangs(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	addr := redistest.Addr(t)
 	start := time.Now()
 	var hung atomic.Int64
@@ -93,6 +94,7 @@ func TestLongFaultVendor5xxBurstsAndHangs(t *testing.T) {
 // completes.
 func TestLongFaultRedisRestartWithAOF(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	rs := redistest.StartDurable(t)
 	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
 	srv := httptest.NewServer(vend)

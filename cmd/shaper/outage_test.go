@@ -49,6 +49,7 @@ func healthStatus(url string) int {
 // not once per call.
 func TestLongFaultRedisOutage(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	rs := redistest.StartDurable(t)
 	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)

@@ -56,6 +56,7 @@ func backAtRate(ts []time.Time, from time.Time, atLeast int) time.Duration {
 // rest would take at that rate, are logged (load moves them).
 func TestLongFaultSentinelFailover(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	s := redistest.StartSentinels(t)
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
