@@ -59,8 +59,14 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VENDOR\tAPPLIES TO\tLIMITS\tBURST\tGUARD\tTICK\tEFFECTIVE RATE\tQUEUE LIMIT\tMAX IN FLIGHT")
 	var quotas []string
+	measured := false
 	defer func() {
 		tw.Flush()
+		if measured {
+			fmt.Fprintf(w, "\nGuard measured: the tick shown holds until a worker has measured how late its calls start and\n"+
+				"how much round trips to the vendor vary, then follows them (3ms to a tenth of the window; docs/learning.md).\n"+
+				"Set guard to fix it.\n")
+		}
 		if len(quotas) > 0 {
 			fmt.Fprintf(w, "\nQuotas: calls go at the tick until a quota is spent, then wait until calls leave its window.\n")
 			for _, q := range quotas {
@@ -70,6 +76,7 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	}()
 	printTick := func(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLimit string) {
 		printTick(tw, vendor, appliesTo, p, queueLimit)
+		measured = measured || p.Guard == 0 && !p.NoGuard
 		quotas = append(quotas, quotaLines(vendor, appliesTo, p)...)
 	}
 	for _, v := range cfg.Vendors {
@@ -131,6 +138,10 @@ func printTick(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLim
 		mif = fmt.Sprint(p.MaxInFlight)
 	}
 	primary := p.Limits[0].Window
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", vendor, appliesTo, limits, burst, durations.Format(p.Guard),
+	guard := durations.Format(p.Guard)
+	if p.Guard == 0 && !p.NoGuard {
+		guard = "measured" // the tick is at shaper.DefaultGuard until then
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", vendor, appliesTo, limits, burst, guard,
 		burst, iv, shaper.EffectiveRate(iv, burst, primary), durations.Format(primary), queueLimit, mif)
 }
