@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test test-long bench bench-idle lint fuzz faults
+.PHONY: test test-long bench bench-idle bench-learn lint fuzz faults
 
 # Every guarantee (G1-G8) on a real Redis: 5.3 minutes with a warm build
 # cache (measured 2026-12-02; 7.7 from a cold one before the quota, cost
@@ -44,6 +44,18 @@ bench:
 	benchstat bench.txt
 	$(GO) run ./bench -out docs
 	$(GO) run ./bench -scale -out docs
+
+# The learning figures (docs/learning.md): the simulator's table (the same
+# on every machine; TestLearningSimulated also asserts it in make test)
+# and the shares the wall-clock scenarios deliver here, which they log but
+# do not assert: nine vendors configured at twice their limit, nginx
+# limit_req without burst (learned, strict_spacing, a fixed guard), 0-40 ms
+# of network jitter, a quiet fixed-window vendor. Without -race, one
+# scenario at a time. About 6 minutes.
+LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|NetworkJitter)'
+bench-learn:
+	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
+	$(GO) run ./bench -learn learn.txt -out docs -learn-command "make bench-learn"
 
 # What serving 200 idle vendors costs in Redis commands/s, goroutines and
 # CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).

@@ -60,7 +60,13 @@ func main() {
 	idleVendors := flag.Int("idle-vendors", 200, "vendors (queues) for -idle")
 	idleReplicas := flag.Int("idle-replicas", 3, "worker replicas for -idle")
 	idleWindow := flag.Duration("idle-window", 20*time.Second, "measuring window for -idle, after a 5s warm-up")
+	learnIn := flag.String("learn", "", "write the learning scenarios' rows from this go test -v output into docs/learning.md (make bench-learn)")
+	learnCmd := flag.String("learn-command", "make bench-learn", "the command -learn's output came from, for the page")
 	flag.Parse()
+	if *learnIn != "" {
+		must(learnDoc(*learnIn, *out, *learnCmd))
+		return
+	}
 	if *serveAccountsN > 0 {
 		must(serveAccounts(*serveAccountsN, *serveRate))
 		return

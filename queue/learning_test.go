@@ -208,6 +208,7 @@ func TestLongConvergesOnTheTrueLimit(t *testing.T) {
 				t.Parallel()
 				share, refused := converges(t, sc, time.Minute)
 				t.Logf("%s: %.1f%% of the true limit over 60 s from the first call, %d 429s", sc, 100*share, refused)
+				t.Logf("learn-report: | configured 60/s, %s, 60 s from the first call | %.1f%% | %d | |", sc, 100*share, refused)
 				if share == 0 || refused > 10 {
 					t.Errorf("%s: %.1f%% of the true limit, %d 429s; want calls accepted and <= 10 429s", sc, 100*share, refused)
 				}

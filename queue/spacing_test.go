@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -33,6 +34,14 @@ func checkRefusals(t *testing.T, o outcome) {
 	if o.refusedPerThousand() > maxRefusedPerThousand {
 		t.Errorf("%.1f refusals per 1,000 calls (%d of %d), want <= %d", o.refusedPerThousand(), o.refused, o.ok+o.refused, maxRefusedPerThousand)
 	}
+}
+
+// learnReport logs one row of make bench-learn's table (docs/learning.md):
+// a scenario, the share of the limit the vendor accepted over the run,
+// and its refusals.
+func learnReport(t *testing.T, scenario string, o outcome, run time.Duration, limit int) {
+	t.Helper()
+	t.Logf("learn-report: | %s | %.1f%% | %d | %.1f |", scenario, 100*o.share(run, limit), o.refused, o.refusedPerThousand())
 }
 
 // outcome is what a vendor saw over a run.
@@ -85,7 +94,15 @@ func TestLongStrictSpacingVendor(t *testing.T) {
 	// milliseconds of its own event loop, and a busy machine delays it by
 	// that much.
 	redistest.Long(t)
-	checkRefusals(t, strictSpacing(t, 0))
+	checkRefusals(t, strictSpacing(t, 0, false))
+}
+
+// TestLongStrictSpacingVendorHinted is TestStrictSpacingVendor with the
+// vendor's kind said in the config (strict_spacing = true): its refusals
+// widen the margin to its cap before they touch the rate.
+func TestLongStrictSpacingVendorHinted(t *testing.T) {
+	redistest.Long(t)
+	checkRefusals(t, strictSpacing(t, 0, true))
 }
 
 // TestLongStrictSpacingVendorConfigured is TestStrictSpacingVendor with
@@ -97,18 +114,19 @@ func TestLongStrictSpacingVendor(t *testing.T) {
 // safety only, as TestLongStrictSpacingVendor does, and logs the share.
 func TestLongStrictSpacingVendorConfigured(t *testing.T) {
 	redistest.Long(t)
-	checkRefusals(t, strictSpacing(t, 100*time.Millisecond))
+	checkRefusals(t, strictSpacing(t, 100*time.Millisecond, false))
 }
 
 // strictSpacing runs 20 s against nginx limit_req at 100 r/s with no
-// burst, shaper configured at 100/s with guard (0: the default).
-func strictSpacing(t *testing.T, guard time.Duration) outcome {
+// burst, shaper configured at 100/s with guard (0: measured) and, when
+// strict, strict_spacing.
+func strictSpacing(t *testing.T, guard time.Duration, strict bool) outcome {
 	t.Helper()
 	ngx := nginxtest.Start(t, 100, 0)
 	e := newEnv(t)
 	name := "nginx-" + e.prefix[5:]
 	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: ngx.URL, Timeout: 5 * time.Second},
-		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Guard: guard}})
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Guard: guard, StrictSpacing: strict}})
 	c := e.newClient()
 	const run = 20 * time.Second
 	enqueueN(t, c, name, 2500)
@@ -132,6 +150,14 @@ func strictSpacing(t *testing.T, guard time.Duration) outcome {
 	t.Logf("nginx: 429s at %v; effective rate %.2f (%s: %s %s; guard %s)", refusals(at, status), st.EffectiveRate, st.Source, st.RateReason, st.GuardReason, st.Guard)
 	t.Logf("nginx limit_req 100 r/s, no burst, guard %s: %.1f%% of the limit over %s, %d refused (%.1f per 1,000 calls)",
 		st.Guard, 100*o.share(run, 100), run, o.refused, o.refusedPerThousand())
+	scenario := "nginx limit_req 100 r/s, no burst, nothing but the rate configured"
+	switch {
+	case guard > 0:
+		scenario = "nginx limit_req 100 r/s, no burst, guard = " + guard.String()
+	case strict:
+		scenario = "nginx limit_req 100 r/s, no burst, strict_spacing = true"
+	}
+	learnReport(t, fmt.Sprintf("%s, 20 s (guard at the end %s)", scenario, st.Guard), o, run, 100)
 	return o
 }
 
@@ -201,6 +227,7 @@ func TestLongNetworkJitter(t *testing.T) {
 			}
 			t.Logf("%s vendor at 100/s behind 0-40 ms of jitter: %.1f%% of the limit over %s, %d 429s (%.1f per 1,000 calls); %.1f%% over the %s after the last 429's pause",
 				kind, 100*o.share(run, 100), run, o.refused, o.refusedPerThousand(), 100*after.share(rest, 100), rest.Round(time.Millisecond))
+			learnReport(t, fmt.Sprintf("%s window 100/s behind 0-40 ms of delay, %s, 30 s (guard at the end %s)", kind, guardLabel(sc.guard), st.Guard), o, run, 100)
 			checkRefusals(t, o)
 		})
 	}
@@ -215,4 +242,12 @@ func refusals(at []time.Time, status []int) []string {
 		}
 	}
 	return out
+}
+
+// guardLabel says how a scenario's guard was set.
+func guardLabel(g time.Duration) string {
+	if g == 0 {
+		return "nothing but the rate configured"
+	}
+	return "guard = " + g.String()
 }

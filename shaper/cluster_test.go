@@ -16,6 +16,7 @@ import (
 // vendor's count. Every key one script touches carries the group's hash
 // tag, so Cluster takes each script (CROSSSLOT otherwise).
 func TestGateOnRedisCluster(t *testing.T) {
+	t.Parallel() // safety only: runs beside the other gate tests
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -114,6 +114,7 @@ func itoa(i int) string {
 // (on the wall clock load moves them). Every bucket's limit and the total
 // hold in every window, and every bucket is served.
 func TestTotalIsSharedFairly(t *testing.T) {
+	t.Parallel() // safety only: runs beside the other gate tests
 	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
 	total := Policy{Limits: []Limit{{Rate: 40, Window: time.Second}}}
 	own := map[string]int{"small": 5, "a": 20, "b": 20, "c": 20}
