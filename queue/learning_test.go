@@ -146,7 +146,7 @@ func converges(t *testing.T, sc convergence, run time.Duration) (share float64, 
 // every Retry-After form over a minute to 10 429s. On the wall clock the
 // share of the true limit is logged, not asserted (issue 11 asks for 90%,
 // 95% over a minute; measured in the README);
-// TestLessonsConvergeOnModelVendors (./shaper) asserts it on simulated
+// TestLearningSimulated (./shaper) asserts it on simulated
 // time.
 func TestConvergesOnTheTrueLimit(t *testing.T) {
 	t.Parallel()

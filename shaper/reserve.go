@@ -275,7 +275,7 @@ func (a reserveArgs) argv() []any {
 // the policy's)}: when granted, wait is the time from Redis now to the
 // tick; when not, the time before asking again and reason says why (see
 // deferReason). A tolerance is returned when a margin was learned (see
-// Control.RateLimited).
+// Control.Refused).
 var reserveScript = redis.NewScript(minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua + reserveLua)
 
 // reserveLua is the main part of the reserve script.
