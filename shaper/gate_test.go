@@ -201,26 +201,33 @@ func (c *redisClock) advance(d time.Duration) { c.us.Add(d.Microseconds()) }
 // nothing sleeps.
 func grantTicks(t *testing.T, b *Bucket, clk *redisClock, n int) []int64 {
 	t.Helper()
-	ctx := context.Background()
 	var ticks []int64
 	for tries := 0; len(ticks) < n; tries++ {
 		if tries > 2*n+10 {
 			t.Fatalf("%d grants after %d reservations", len(ticks), tries)
 		}
-		r, err := b.reserve(ctx, Request{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := reserveOnce(t, b)
 		if !r.ok {
-			if r.wait <= 0 {
-				t.Fatalf("deferred (reason %d) with nothing to wait", r.reason)
-			}
 			clk.advance(r.wait)
 			continue
 		}
 		ticks = append(ticks, clk.now()+r.wait.Microseconds())
 	}
 	return ticks
+}
+
+// reserveOnce is one reservation of a unit call of b; a deferral always
+// says how long to wait.
+func reserveOnce(t *testing.T, b *Bucket) reservation {
+	t.Helper()
+	r, err := b.reserve(context.Background(), Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.ok && r.wait <= 0 {
+		t.Fatalf("deferred (reason %d) with nothing to wait", r.reason)
+	}
+	return r
 }
 
 // utilisation is the share of the ticks between the first and the last

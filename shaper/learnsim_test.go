@@ -199,14 +199,8 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 	}
 	for i := 0; first == 0 || clk.now() < first+sc.run.Microseconds(); i++ {
 		b := buckets[i%len(buckets)]
-		r, err := b.reserve(ctx, Request{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := reserveOnce(t, b)
 		if !r.ok {
-			if r.wait <= 0 {
-				t.Fatalf("deferred (reason %d) with nothing to wait", r.reason)
-			}
 			to := clk.now() + r.wait.Microseconds()
 			deliverUntil(to)
 			clk.set(to)
