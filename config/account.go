@@ -117,7 +117,9 @@ func (p *parser) overrides(t string, raw any, vd Vendor, vendorOK bool) []Overri
 		}
 		if x, ok := m["guard"]; ok {
 			o.GuardMeasured = false
-			if o.Guard, ok = rawDuration(x, "guard", fail); ok && o.Guard < 0 {
+			if s, isStr := x.(string); isStr && s == "measured" {
+				o.Guard, o.GuardMeasured = shaper.DefaultGuard, true
+			} else if o.Guard, ok = rawDuration(x, "guard", fail); ok && o.Guard < 0 {
 				fail("guard = %s must not be negative; 0 turns the jitter margin off", o.Guard)
 			}
 		}

@@ -114,8 +114,7 @@ func TestWithoutPerAccount(t *testing.T) {
 	want := queue.Vendor{
 		Vendor: vendorclients.Vendor{Name: "acme", BaseURL: "https://api.acme.example",
 			Timeout: vendorclients.DefaultTimeout, MaxRetryAfter: vendorclients.DefaultMaxRetryAfter},
-		// No guard key: Guard zero, a guard that follows measurement.
-		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Burst: 1, MaxInFlight: 4},
+		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Burst: 1, Guard: shaper.DefaultGuard, MaxInFlight: 4},
 		QueueLimit: DefaultQueueLimit,
 	}
 	if got := acme.Queue(); !reflect.DeepEqual(got, want) {

@@ -109,8 +109,8 @@ type Vendor struct {
 	Window  time.Duration
 	Burst   int
 	Guard   time.Duration
-	// GuardMeasured: the guard key is absent; Guard holds
-	// shaper.DefaultGuard, the guard until the worker has measured one.
+	// GuardMeasured: guard = "measured"; Guard holds shaper.DefaultGuard,
+	// the guard until the worker has measured one.
 	GuardMeasured bool
 	QueueLimit    int // 0: unbounded
 	MaxInFlight   int // 0: no cap
@@ -154,7 +154,7 @@ type Override struct {
 	Window  time.Duration
 	Burst   int
 	Guard   time.Duration
-	// GuardMeasured: no guard key set it; the guard follows measurement.
+	// GuardMeasured: guard = "measured"; the guard follows measurement.
 	GuardMeasured bool
 	Limits        []shaper.Limit
 	MaxInFlight   int
@@ -214,9 +214,9 @@ func (v Vendor) Policy() shaper.Policy {
 		WarmupFrom:    v.WarmupFrom,
 	}
 	if v.GuardMeasured {
-		// No guard key: the guard follows what the worker measures,
-		// from shaper.DefaultGuard (see shaper.Policy.Guard).
-		p.Guard, p.NoGuard = 0, false
+		// guard = "measured": the guard follows what the worker
+		// measures, from shaper.DefaultGuard (shaper.Policy.MeasureGuard).
+		p.Guard, p.NoGuard, p.MeasureGuard = 0, false, true
 	}
 	return p
 }

@@ -216,8 +216,11 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		p.errorf(t, "window", "%s: a window must be positive, e.g. window = \"1s\"", vd.Window)
 	}
 	vd.Burst, _ = p.integer(t, "burst", 1, shaper.DefaultBurst)
-	vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)
-	vd.GuardMeasured = !p.isSet(t, "guard")
+	if g, ok := p.v.Get(t + ".guard").(string); ok && g == "measured" {
+		vd.Guard, vd.GuardMeasured = shaper.DefaultGuard, true
+	} else {
+		vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)
+	}
 	if vd.Guard < 0 {
 		p.errorf(t, "guard", "%s must not be negative; 0 turns the jitter margin off", vd.Guard)
 	} else if vd.Window > 0 && vd.Guard >= vd.Window {

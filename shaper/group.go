@@ -80,7 +80,7 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 	}
 	keep += p.Guard
 	var m *meter
-	if p.measured {
+	if p.MeasureGuard {
 		m = &meter{}
 	}
 	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: m,

@@ -80,9 +80,9 @@ func (m *meter) spread() time.Duration {
 }
 
 // margin is the guard and tolerance the measurements ask for: a tolerance
-// of LateFactor times the latest start (within 1 ms and the default
-// guard's tolerance), and a guard that covers it, the round trips' spread
-// and MarginOver (within MinGuard and MaxMargin of the window), rounded
+// of LateFactor times the latest start (within MinTolerance and the
+// default guard's tolerance), and a guard that covers it, the round trips' spread
+// and MarginOver (at most MaxMargin of the window), rounded
 // up to a millisecond. ok is false until MeasureSamples starts and round
 // trips were seen. A narrower guard applies at most once a period (it
 // changes the bucket's configured tick, which other replicas compare); a
@@ -106,14 +106,14 @@ func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol
 	if starts < a.MeasureSamples || trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
-	tol = min(max(time.Duration(a.LateFactor*float64(late)), minTolerance), DefaultGuard*3/4)
-	g := min(max(tol+(hi-lo)+a.MarginOver, a.MinGuard), time.Duration(a.MaxMargin*float64(window)))
+	tol = min(max(time.Duration(a.LateFactor*float64(late)), a.MinTolerance), DefaultGuard*3/4)
+	g := min(tol+(hi-lo)+a.MarginOver, time.Duration(a.MaxMargin*float64(window)))
 	g = (g + time.Millisecond - 1).Truncate(time.Millisecond)
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
 		m.guard, m.changed = g, now
 	}
 	m.tol = min(tol, m.guard*3/4)
-	return m.guard, max(m.tol, minTolerance), true
+	return m.guard, m.tol, true
 }
 
 // spacing is the bucket's configured tick in this process, the guard it

@@ -102,12 +102,16 @@ type Adapt struct {
 	// The measured margin, for a policy without a configured Guard: the
 	// guard covers how late calls start after their tick (LateFactor
 	// times the latest start, which is also the tolerance) and the spread
-	// of round trips to the vendor, plus MarginOver; at least MinGuard
-	// (default 3ms) and at most MaxMargin of the window. The latest start
+	// of round trips to the vendor, plus MarginOver; at most MaxMargin of
+	// the window. The latest start
 	// and the spread are the maxima of the last one or two MeasurePeriods
-	// (default 10s); until MeasureSamples calls (default 16) were seen,
-	// the default guard holds. LateFactor defaults to 2.
-	MinGuard       time.Duration
+	// (default 10s); until MeasureSamples calls (default 32) were seen,
+	// the default guard holds. LateFactor defaults to 2. The tolerance is
+	// at least MinTolerance (default 3ms): a call later than the
+	// tolerance gives its tick up and asks again, behind the calls queued
+	// after it, so a tolerance tighter than the host's usual lateness
+	// costs the order of calls, not only their ticks.
+	MinTolerance   time.Duration
 	LateFactor     float64
 	MeasurePeriod  time.Duration
 	MeasureSamples int
@@ -127,7 +131,8 @@ var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
 	Floor: DefaultAdaptFloor, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3,
-	Keep: 10 * time.Minute, MinGuard: 3 * time.Millisecond, LateFactor: 2, MeasurePeriod: 10 * time.Second, MeasureSamples: 16,
+	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, LateFactor: 2,
+	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
 }
 
 func (a Adapt) withDefaults() Adapt {
@@ -156,8 +161,8 @@ func (a Adapt) withDefaults() Adapt {
 		}
 	}
 	for _, f := range []struct{ v, def *time.Duration }{{&a.Quiet, &d.Quiet}, {&a.Probe, &d.Probe},
-		{&a.MarginOver, &d.MarginOver}, {&a.Tolerance, &d.Tolerance}, {&a.Keep, &d.Keep}, {&a.MinGuard, &d.MinGuard},
-		{&a.MeasurePeriod, &d.MeasurePeriod}} {
+		{&a.MarginOver, &d.MarginOver}, {&a.Tolerance, &d.Tolerance}, {&a.Keep, &d.Keep},
+		{&a.MeasurePeriod, &d.MeasurePeriod}, {&a.MinTolerance, &d.MinTolerance}} {
 		if *f.v <= 0 {
 			*f.v = *f.def
 		}

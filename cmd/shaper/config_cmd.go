@@ -76,7 +76,7 @@ func printCheck(w io.Writer, cfg *config.Config) {
 	}()
 	printTick := func(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLimit string) {
 		printTick(tw, vendor, appliesTo, p, queueLimit)
-		measured = measured || p.Guard == 0 && !p.NoGuard
+		measured = measured || p.MeasureGuard
 		quotas = append(quotas, quotaLines(vendor, appliesTo, p)...)
 	}
 	for _, v := range cfg.Vendors {
@@ -139,8 +139,8 @@ func printTick(tw io.Writer, vendor, appliesTo string, p shaper.Policy, queueLim
 	}
 	primary := p.Limits[0].Window
 	guard := durations.Format(p.Guard)
-	if p.Guard == 0 && !p.NoGuard {
-		guard = "measured" // the tick is at shaper.DefaultGuard until then
+	if p.MeasureGuard {
+		guard = "measured" // the tick is at the policy's guard until then
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d every %s\t%.4g per %s\t%s\t%s\n", vendor, appliesTo, limits, burst, guard,
 		burst, iv, shaper.EffectiveRate(iv, burst, primary), durations.Format(primary), queueLimit, mif)
