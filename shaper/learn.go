@@ -72,6 +72,15 @@ type Decision struct {
 // and either claims its judgement or, within the cooldown of a rate
 // lesson (the call was on its way before it), applies the pause the
 // answer asked for and is done: most refusals cost this one round trip.
+//
+// KEYS[1] control hash, KEYS[2] ticks list, KEYS[3] refused ticks list,
+// KEYS[4] stats hash. ARGV[1] Redis time override (µs; 0: TIME), ARGV[2]
+// the refused tick (µs; 0: unknown), ARGV[3] cooldown (µs), ARGV[4] keep
+// (µs), ARGV[5] the pause asked (µs), ARGV[6] its reason, ARGV[7] pause
+// channel, ARGV[8] bucket name. Returns {0, lesson, pause left (µs)}
+// within a rate lesson's cooldown; else {1 (claimed) or 2 (within a
+// margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
+// ticks, lesson_tick, probe_at}.
 var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + `
 local k_control, k_ticks, k_limited, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local a_tick_s, a_cooldown, a_keep = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -183,7 +192,8 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
 	out := Decision{InForce: parseLesson(res[1])}
-	if mode, _ := res[0].(int64); mode == 0 {
+	mode, _ := res[0].(int64)
+	if mode == 0 {
 		left, _ := res[2].(int64)
 		out.Pause = time.Duration(left) * time.Microsecond
 		if out.Pause > 0 {
@@ -194,7 +204,6 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	if len(res) < 9 {
 		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
-	mode, _ := res[0].(int64)
 	cfg := c.configured()
 	_, _, inForce, _ := b.spacing()
 	jitter := ans.Jitter
