@@ -69,7 +69,7 @@ type Decision struct {
 }
 
 // refusedScript counts a rate-limited answer, records the refused tick,
-// and either claims its judgement or, within the cooldown of a rate
+// and either returns the evidence to judge it on or, within the cooldown of a rate
 // lesson (the call was on its way before it), applies the pause the
 // answer asked for and is done: most refusals cost this one round trip.
 //
@@ -78,7 +78,7 @@ type Decision struct {
 // the refused tick (µs; 0: unknown), ARGV[3] cooldown (µs), ARGV[4] keep
 // (µs), ARGV[5] the pause asked (µs), ARGV[6] its reason, ARGV[7] pause
 // channel, ARGV[8] bucket name. Returns {0, lesson, pause left (µs)}
-// within a rate lesson's cooldown; else {1 (claimed) or 2 (within a
+// within a rate lesson's cooldown; else {1 or 2 (within a
 // margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
 // ticks, lesson_tick, probe_at}.
 var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + `
@@ -96,16 +96,15 @@ end
 redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
 local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at')
+-- last_decrease: when the last lesson was written (applyScript).
 local mode = 1
 if now - (tonumber(c[1]) or 0) < a_cooldown then
-  if c[2] ~= 'margin' then
+  if c[2] == 'rate' then
     local left = 0
     if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_pause_reason, a_channel, a_bucket, a_keep) end
-    return {0, c[2] or '', left}
+    return {0, c[2], left}
   end
-  mode = 2
-else
-  redis.call('HSET', k_control, 'last_decrease', string.format('%d', now))
+  if c[2] == 'margin' then mode = 2 end
 end
 return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', k_ticks, 0, -1),
   redis.call('LRANGE', k_limited, 0, -1), c[6] or '', c[7] or ''}
@@ -253,7 +252,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 			"guard_reason", out.Reason, "lesson", "margin", "lesson_tick", at)
 		args.Respace = 1
 	}
-	if (l.kind == LessonMargin || l.kind == LessonNone && out.InForce == LessonMargin) && !ans.RetryAfter {
+	if (l.spacing || l.kind == LessonNone && out.InForce == LessonMargin) && !ans.RetryAfter {
 		args.Pause = 0 // refused for spacing, not for the rate: a pause would only cost calls
 	}
 	if args.Fields == "" && args.Pause == 0 {

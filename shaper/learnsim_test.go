@@ -97,8 +97,9 @@ type simScenario struct {
 	phase      time.Duration
 	replicas   int
 	run        time.Duration
-	strict     bool // configured with strict_spacing
-	measure    bool // guard = "measured" (Policy.MeasureGuard)
+	strict     bool          // configured with strict_spacing
+	measure    bool          // guard = "measured" (Policy.MeasureGuard)
+	guard      time.Duration // a configured guard (0: the default)
 	seed       uint64
 }
 
@@ -113,6 +114,9 @@ func (sc simScenario) String() string {
 	}
 	if sc.measure {
 		s += ", guard measured"
+	}
+	if sc.guard > 0 {
+		s += ", guard " + sc.guard.String()
 	}
 	return s
 }
@@ -157,7 +161,7 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 	for range max(sc.replicas, 1) {
 		r := newReplica(t, addr, prefix, virtualClock{clk})
 		r.gate.testNow = clk.now
-		b, err := r.gate.Bucket("sim", Policy{Limits: []Limit{{Rate: sc.configured, Window: time.Second}}, StrictSpacing: sc.strict, MeasureGuard: sc.measure})
+		b, err := r.gate.Bucket("sim", Policy{Limits: []Limit{{Rate: sc.configured, Window: time.Second}}, StrictSpacing: sc.strict, MeasureGuard: sc.measure, Guard: sc.guard})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,6 +307,7 @@ func TestLearningSimulated(t *testing.T) {
 	// issue's 90% is not reached (about 74%); this floor catches a
 	// regression only.
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, seed: 4}, bar{share: 0.7, refused: 10, perMil: true, issue: 0.9})
+	add(simScenario{kind: "spacing", limit: 100, configured: 100, guard: 100 * time.Millisecond, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, strict: true, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
 	// A quiet host: the default 20 ms guard gives 98%; measured, 99%.
 	add(simScenario{kind: "fixed", limit: 100, configured: 100, jitter: 3 * time.Millisecond, phase: 400 * time.Millisecond, seed: 5}, bar{share: 0.98, refused: 0, issue: 0.99})

@@ -213,6 +213,7 @@ type lesson struct {
 	rate    float64
 	guard   time.Duration
 	lo, hi  int    // the window limits consistent with what the vendor did
+	spacing bool   // read as calls too close together: no pause beyond a Retry-After
 	because string // why, for the logs and stats
 }
 
@@ -246,7 +247,7 @@ func (a Adapt) judge(e evidence) lesson {
 		// too close together, until the margin is spent.
 		switch {
 		case tolerated:
-			return lesson{lo: lo, hi: hi}
+			return lesson{lo: lo, hi: hi, spacing: true}
 		case e.guard < capGuard:
 			return a.marginLesson(e, lo, hi, capGuard)
 		}
@@ -283,10 +284,10 @@ func (a Adapt) judge(e evidence) lesson {
 	// the lesson that costs less when wrong, and refusals that go on
 	// after it make it a rate lesson (Escalate).
 	cold := e.complete && len(sortedWithin(e.ok, -1<<62, e.tick-w+1)) == 0
-	atFull := (float64(hi) >= e.full-a.Slack || cold) && !recheck
+	atFull := (float64(max(hi, accepted)) >= e.full-a.Slack || cold) && !recheck
 	switch {
 	case atFull && tolerated:
-		return lesson{lo: lo, hi: hi}
+		return lesson{lo: lo, hi: hi, spacing: true}
 	case atFull && e.guard < capGuard:
 		return a.marginLesson(e, lo, hi, capGuard)
 	}
@@ -297,7 +298,7 @@ func (a Adapt) judge(e evidence) lesson {
 // jitter and MarginOver, at most capGuard.
 func (a Adapt) marginLesson(e evidence, lo, hi int, capGuard time.Duration) lesson {
 	g := min(max(time.Duration(float64(e.guard)*a.MarginGrowth), e.jitter+a.MarginOver), capGuard)
-	return lesson{kind: LessonMargin, rate: e.rate, guard: g, lo: lo, hi: hi,
+	return lesson{kind: LessonMargin, rate: e.rate, guard: g, lo: lo, hi: hi, spacing: true,
 		because: fmt.Sprintf("at the full spacing: guard widened to %s (network jitter %s, or a vendor that enforces spacing)",
 			g.Round(100*time.Microsecond), e.jitter.Round(time.Millisecond))}
 }
