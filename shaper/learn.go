@@ -166,8 +166,9 @@ return {taught, left, respaced}
 // its rate or widens its margin as the model says. A lowered rate pauses
 // at least Horizon (the ticks granted at the old rate are dropped, so no
 // window mixes old and new spacing); a wider margin respaces instead, and
-// keeps only a pause the vendor asked for. Most refusals cost one round
-// trip; one that teaches (at most one per window) costs two.
+// keeps only a pause the vendor asked for. A refusal within a rate
+// lesson's cooldown costs one round trip; one judged costs a second when
+// it teaches (at most one lesson per window for every replica) or pauses.
 func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision, error) {
 	b := c.b
 	a := b.policy.Adapt.withDefaults()

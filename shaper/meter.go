@@ -60,23 +60,29 @@ func (m *meter) roundTrip(a Adapt, now time.Time, d time.Duration) {
 	})
 }
 
+// both is the last two periods' measurements together; m.mu is held.
+func (m *meter) both() measured {
+	out := m.cur
+	p := m.prev
+	out.starts += p.starts
+	out.late = max(out.late, p.late)
+	if p.trips > 0 {
+		if out.trips == 0 || p.tripMin < out.tripMin {
+			out.tripMin = p.tripMin
+		}
+		out.tripMax = max(out.tripMax, p.tripMax)
+		out.trips += p.trips
+	}
+	return out
+}
+
 // spread is the spread of round trips over the last two periods (longest
 // less shortest; 0 before any).
 func (m *meter) spread() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	lo, hi, n := time.Duration(0), time.Duration(0), 0
-	for _, s := range []measured{m.cur, m.prev} {
-		if s.trips == 0 {
-			continue
-		}
-		if n == 0 || s.tripMin < lo {
-			lo = s.tripMin
-		}
-		hi = max(hi, s.tripMax)
-		n += s.trips
-	}
-	return hi - lo
+	s := m.both()
+	return s.tripMax - s.tripMin
 }
 
 // margin is the guard and tolerance the measurements ask for: a tolerance
@@ -90,24 +96,12 @@ func (m *meter) spread() time.Duration {
 func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var late, lo, hi time.Duration
-	starts, trips := 0, 0
-	for _, s := range []measured{m.cur, m.prev} {
-		starts += s.starts
-		late = max(late, s.late)
-		if s.trips > 0 {
-			if trips == 0 || s.tripMin < lo {
-				lo = s.tripMin
-			}
-			hi = max(hi, s.tripMax)
-			trips += s.trips
-		}
-	}
-	if starts < a.MeasureSamples || trips < a.MeasureSamples {
+	s := m.both()
+	if s.starts < a.MeasureSamples || s.trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
-	tol = min(max(time.Duration(a.LateFactor*float64(late)), a.MinTolerance), DefaultGuard*3/4)
-	g := min(tol+(hi-lo)+a.MarginOver, time.Duration(a.MaxMargin*float64(window)))
+	tol = min(max(time.Duration(a.LateFactor*float64(s.late)), a.MinTolerance), DefaultGuard*3/4)
+	g := min(tol+(s.tripMax-s.tripMin)+a.MarginOver, time.Duration(a.MaxMargin*float64(window)))
 	g = (g + time.Millisecond - 1).Truncate(time.Millisecond)
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
 		m.guard, m.changed = g, now
