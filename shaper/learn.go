@@ -235,8 +235,8 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		out.Reason = ans.Reason + ": " + l.because
 		rate := strconv.FormatFloat(l.rate, 'f', -1, 64)
 		est := "" // the largest limit consistent with what the vendor did, when above the rate: probed (raise_rate)
-		if l.hi > 0 && float64(l.hi) > l.rate+0.5 {
-			est = strconv.Itoa(min(l.hi, int(e.rate*a.MinCut)))
+		if l.est > 0 {
+			est = strconv.Itoa(l.est)
 		}
 		args.Fields = fields("rate", rate, "hi", rate, "rate_reason", out.Reason, "rate_source", "learned", "lesson", "rate",
 			"guard", strconv.FormatInt(l.guard.Microseconds(), 10), "tol", "0", "guard_reason", "", "lesson_tick", at, "est_hi", est)

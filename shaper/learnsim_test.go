@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +100,9 @@ type simScenario struct {
 	run        time.Duration
 	strict     bool          // configured with strict_spacing
 	measure    bool          // guard = "measured" (Policy.MeasureGuard)
+	// fromRefusal: the run and its share count from the first 429, not
+	// from the first call.
+	fromRefusal bool
 	guard      time.Duration // a configured guard (0: the default)
 	seed       uint64
 }
@@ -117,6 +121,9 @@ func (sc simScenario) String() string {
 	}
 	if sc.guard > 0 {
 		s += ", guard " + sc.guard.String()
+	}
+	if sc.fromRefusal {
+		s += ", counted from the first 429"
 	}
 	return s
 }
@@ -183,15 +190,20 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 	rng := rand.New(rand.NewPCG(sc.seed, 7))
 	var res simResult
 	pending := &arrivals{}
-	var first int64 // the first call's arrival: shares count from it
+	var lastSec int64
+	var first int64 // the first call's arrival (or refusal, fromRefusal): shares count from it
 	deliverUntil := func(to int64) {
 		for pending.Len() > 0 && (*pending)[0].arrive <= to {
 			c := heap.Pop(pending).(arrival)
 			clk.set(c.arrive)
-			if first == 0 {
+			ok := vendor.admit(c.arrive)
+			if first == 0 && (!sc.fromRefusal || !ok) {
 				first = c.arrive
 			}
-			if vendor.admit(c.arrive) {
+			if first == 0 {
+				continue // before the count starts
+			}
+			if ok {
 				res.accepted++
 				continue
 			}
@@ -200,13 +212,22 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 			if sc.retryAfter {
 				ans.RetryAfter, ans.PauseReason = true, "HTTP 429, Retry-After: 1"
 			}
-			if _, err := c.p.bucket.Control().Refused(ctx, c.p, ans); err != nil {
+			d, err := c.p.bucket.Control().Refused(ctx, c.p, ans)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if os.Getenv("SIMTRACE") != "" {
+				t.Logf("TRACE %.3f refused tick=%.3f %+v", float64(c.arrive-start)/1e6, float64(c.p.at-start)/1e6, d)
 			}
 		}
 	}
 	for i := 0; first == 0 || clk.now() < first+sc.run.Microseconds(); i++ {
 		b := buckets[i%len(buckets)]
+		if os.Getenv("SIMTRACE") != "" && (clk.now()-start)/1000000 != lastSec {
+			lastSec = (clk.now() - start) / 1000000
+			st, _ := b.Stats(ctx)
+			t.Logf("TRACE %d s: accepted %d refused %d rate %.2f guard %s reason %q", lastSec, res.accepted, res.refused, st.EffectiveRate, st.Guard, st.RateReason)
+		}
 		r := reserveOnce(t, b)
 		if !r.ok {
 			to := clk.now() + r.wait.Microseconds()
@@ -299,7 +320,7 @@ func TestLearningSimulated(t *testing.T) {
 	}
 	// shaper mock-vendor --rate 20 (a fixed window, Retry-After: 1) with
 	// shaper configured at 30.
-	add(simScenario{kind: "fixed", limit: 20, configured: 30, retryAfter: true, jitter: 2 * time.Millisecond, phase: 321 * time.Millisecond, seed: 6},
+	add(simScenario{kind: "fixed", limit: 20, configured: 30, retryAfter: true, jitter: 2 * time.Millisecond, phase: 321 * time.Millisecond, seed: 6, fromRefusal: true},
 		bar{share: 0.85, refused: 10, issue: 0.95})
 	add(simScenario{kind: "gcra", limit: 30, configured: 60, retryAfter: true, jitter: 2 * time.Millisecond, seed: 3}, bar{share: 0.9, refused: 10})
 	// Without strict_spacing, a spacing vendor's refusals among accepted

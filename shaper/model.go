@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -96,6 +97,11 @@ type Adapt struct {
 	// full rate is judged on lo (a fixed window whose boundary fell
 	// mid-way looks like a margin once); default 3.
 	Recheck int
+	// Resolution is the widest range of consistent window limits (calls
+	// per window) that is not probed after a rate lesson: the estimator's
+	// own slack, one call at either end (a window may hold one call more
+	// than another, or one after its first refusal); default 2.
+	Resolution int
 	// Keep is how long the belief outlives the last refusal; default 10m.
 	Keep time.Duration
 
@@ -130,7 +136,7 @@ const (
 var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
 	Floor: DefaultAdaptFloor, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
-	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3,
+	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3, Resolution: 2,
 	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, LateFactor: 2,
 	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
 }
@@ -176,6 +182,9 @@ func (a Adapt) withDefaults() Adapt {
 	if a.Recheck <= 0 {
 		a.Recheck = d.Recheck
 	}
+	if a.Resolution <= 0 {
+		a.Resolution = d.Resolution
+	}
 	if a.MinCut < a.MaxCut {
 		a.MinCut = a.MaxCut
 	}
@@ -213,6 +222,7 @@ type lesson struct {
 	rate    float64
 	guard   time.Duration
 	lo, hi  int    // the window limits consistent with what the vendor did
+	est     int    // after a rate lesson, the largest consistent limit above the rate, probed later (raise_rate); 0: none
 	spacing bool   // read as calls too close together: no pause beyond a Retry-After
 	because string // why, for the logs and stats
 }
@@ -255,8 +265,14 @@ func (a Adapt) judge(e evidence) lesson {
 	}
 	if e.probeAt > 0 && e.tick > e.probeAt && e.tick-e.probeAt < int64(a.Recheck)*w {
 		// Refused soon after a step toward the largest consistent limit:
-		// the step failed (the rate goes back to the last quiet one).
-		return a.rateLesson(e, float64(lo), lo, hi, "a step up failed")
+		// the step failed. The step was the experiment that narrows the
+		// range, so the rate goes to the estimate's lo, between the last
+		// quiet rate and the rate that failed (not MinCut below it).
+		l := a.rateLesson(e, float64(lo), lo, hi, "a step up failed")
+		if to := float64(lo); to < e.rate && to >= e.quiet {
+			l = a.backTo(e, l, to)
+		}
+		return l
 	}
 	if e.sinceMargin {
 		// Refusals that go on after a margin lesson: a vendor over its
@@ -279,6 +295,9 @@ func (a Adapt) judge(e evidence) lesson {
 	// window explains is judged on lo: a window whose boundary fell
 	// mid-way looks like the full rate once.
 	recheck := fits && e.inForce == LessonMargin && e.tick-e.lessonTick < int64(a.Recheck)*w
+	if recheck {
+		e.guard = e.baseGuard // the margin was not the answer
+	}
 	// Before a window of history (a cold start) the evidence cannot tell
 	// a window limit from calls bunched up or too close: the margin is
 	// the lesson that costs less when wrong, and refusals that go on
@@ -314,6 +333,19 @@ func oldest(ts []int64) int64 {
 	return m
 }
 
+// backTo is l with the rate set to to, a rate the evidence supports
+// above MinCut of the rate in force.
+func (a Adapt) backTo(e evidence, l lesson, to float64) lesson {
+	l.rate = max(to, e.configured*a.Floor)
+	l.est = 0
+	if est := min(l.hi, int(math.Ceil(e.rate))-1); float64(est) > l.rate+float64(a.Resolution) { // below the step that failed
+		l.est = est
+	}
+	l.because = fmt.Sprintf("rate back to %.4g per %s (a step up failed; the vendor accepted %d to %d calls in a window before refusing one)",
+		l.rate, time.Duration(e.window)*time.Microsecond, l.lo, l.hi)
+	return l
+}
+
 // rateLesson lowers the rate to to, within MaxCut..MinCut of the rate in
 // force, and never below Floor or a rate that stayed quiet below it.
 func (a Adapt) rateLesson(e evidence, to float64, lo, hi int, because string) lesson {
@@ -323,6 +355,9 @@ func (a Adapt) rateLesson(e evidence, to float64, lo, hi int, because string) le
 		rate = e.quiet
 	}
 	l := lesson{kind: LessonRate, rate: rate, guard: max(e.guard, time.Duration(float64(e.baseGuard)*a.EdgeGrowth)), lo: lo, hi: hi}
+	if est := min(hi, int(e.rate*a.MinCut)); float64(est) > rate+float64(a.Resolution) {
+		l.est = est
+	}
 	switch {
 	case because != "":
 		l.because = fmt.Sprintf("rate lowered to %.4g per %s (%s)", rate, time.Duration(e.window)*time.Microsecond, because)
