@@ -130,41 +130,56 @@ func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error)
 }
 
 // raiseScript raises a learned effective rate one step after a quiet
-// period, capped just below the rate that last failed (hi) until that
-// failure is old, and clears it once back at the configured rate.
+// period (see raiseLua).
 //
-// KEYS[1] control hash.
-// ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] configured rate,
-// ARGV[3] step (calls per window), ARGV[4] quiet period (µs), ARGV[5]
-// probe age (µs), ARGV[6] recheck (µs): the quiet time before a step
-// toward est_hi.
-// Returns "" when nothing changed, else the new rate ("0" when cleared).
+// KEYS[1] control hash. ARGV[1] Redis time override (µs; 0: TIME), then
+// the fields of raiseArgs. Returns "" when nothing changed, else the new
+// rate ("0" when cleared).
 var raiseScript = redis.NewScript(nowLua + raiseLua + `
-local r = raise_rate(KEYS[1], now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+local r = raise_rate(KEYS[1], now_us(), {cfg = tonumber(ARGV[2]), step = tonumber(ARGV[3]), quiet = tonumber(ARGV[4]),
+  probe = tonumber(ARGV[5]), recheck = tonumber(ARGV[6]), ceiling = tonumber(ARGV[7])})
 if r == nil then return '' end
 return tostring(r)
 `)
 
-// raiseLua defines raise_rate(key, now, cfg, step, quiet, probe,
-// recheck): one step up of a learned rate in control hash key (see
-// raiseScript), returning the new rate (0: back to the configured rate)
-// or nil when nothing changed. Below the largest limit consistent with
-// what the vendor did ('est_hi', written by a rate lesson), the step goes
-// halfway to it after recheck without a refusal (a refusal there narrows
-// the range, and the rate returns to the last quiet one); above it, one
-// additive step after each quiet period, below the rate that failed until
-// probe. The reserve script runs it too, so a learned rate
-// recovers with the bucket's own traffic, without a process polling it.
+// raiseArgs is how a learned rate recovers (see raiseLua), from Adapt.
+type raiseArgs struct {
+	Cfg     float64 // the configured rate (calls per primary window)
+	Step    float64 // the additive step (Adapt.Increase of the configured rate)
+	Quiet   int64   // µs without a refusal before a step (Adapt.Quiet)
+	Probe   int64   // µs after which the rate that failed is forgotten (Adapt.Probe)
+	Recheck int64   // µs without a refusal before a step toward est_hi (Adapt.Recheck windows)
+	Ceiling float64 // the share of the rate that failed that the steps stay below (Adapt.Ceiling)
+}
+
+func (b *Bucket) raiseArgs() raiseArgs {
+	a := b.policy.Adapt.withDefaults()
+	cfg := float64(b.policy.Limits[0].Rate)
+	return raiseArgs{Cfg: cfg, Step: cfg * a.Increase, Quiet: a.Quiet.Microseconds(), Probe: a.Probe.Microseconds(),
+		Recheck: int64(a.Recheck) * b.policy.Limits[0].Window.Microseconds(), Ceiling: a.Ceiling}
+}
+
+// raiseLua defines raise_rate(key, now, r): one step up of a learned rate
+// in control hash key, with r the fields of raiseArgs (cfg, step, quiet,
+// probe, recheck, ceiling), returning the new rate (0: back to the
+// configured rate) or nil when nothing changed. Below the largest limit
+// consistent with what the vendor did ('est_hi', written by a rate
+// lesson), the step goes halfway to it after recheck without a refusal (a
+// refusal there narrows the range: see Adapt.judge); above it, one
+// additive step after each quiet period, at most ceiling of the rate that
+// failed ('hi') until that failure is probe old, and none at all after.
+// The reserve script runs it too, so a learned rate recovers with the
+// bucket's own traffic, without a process polling it.
 const raiseLua = `
-local function raise_rate(key, now, cfg, step, quiet, probe, recheck)
+local function raise_rate(key, now, r)
   local c = redis.call('HMGET', key, 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source', 'est_hi')
   local cur = tonumber(c[1])
   if not cur or c[5] ~= 'learned' then return nil end
   local sinceThrottle = now - (tonumber(c[3]) or 0)
   local est = tonumber(c[6])
   if est and est > cur then
-    if now - (tonumber(c[2]) or 0) < recheck or sinceThrottle < recheck then return nil end
-    local new = math.min(math.max(cur + step, (cur + est) / 2), est)
+    if now - (tonumber(c[2]) or 0) < r.recheck or sinceThrottle < r.recheck then return nil end
+    local new = math.min(math.max(cur + r.step, (cur + est) / 2), est)
     if est - new < 1 then new = est end
     if new >= est then redis.call('HDEL', key, 'est_hi') end
     redis.call('HSET', key, 'rate', tostring(new), 'lo', tostring(cur), 'last_change', string.format('%d', now),
@@ -172,15 +187,14 @@ local function raise_rate(key, now, cfg, step, quiet, probe, recheck)
       'rate_reason', string.format('probing toward %.4g, the largest limit consistent with what the vendor did', est))
     return new
   end
-  if now - (tonumber(c[2]) or 0) < quiet or sinceThrottle < quiet then return nil end
-  local hi = tonumber(c[4]) or cfg
-  if sinceThrottle >= probe then hi = cfg * 2 end
-  local new = math.min(cur + step, hi * 0.97)
+  if now - (tonumber(c[2]) or 0) < r.quiet or sinceThrottle < r.quiet then return nil end
+  local new = cur + r.step
+  if sinceThrottle < r.probe then new = math.min(new, (tonumber(c[4]) or r.cfg) * r.ceiling) end
   if new <= cur then
     redis.call('HSET', key, 'lo', tostring(cur), 'last_change', string.format('%d', now))
     return nil
   end
-  if new >= cfg then
+  if new >= r.cfg then
     redis.call('HDEL', key, 'rate', 'rate_reason', 'rate_source', 'hi', 'lo')
     redis.call('HSET', key, 'last_change', string.format('%d', now))
     return 0
@@ -197,9 +211,8 @@ end
 // configured one) and whether anything changed.
 func (c *Control) RaiseRate(ctx context.Context) (float64, bool, error) {
 	b := c.b
-	a := b.policy.Adapt.withDefaults()
-	s, err := raiseScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), c.configured(),
-		c.configured()*a.Increase, a.Quiet.Microseconds(), a.Probe.Microseconds(), int64(a.Recheck)*b.policy.Limits[0].Window.Microseconds()).Text()
+	ra := b.raiseArgs()
+	s, err := raiseScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), ra.Cfg, ra.Step, ra.Quiet, ra.Probe, ra.Recheck, ra.Ceiling).Text()
 	if err != nil {
 		return 0, false, fmt.Errorf("shaper: raise the rate of %q: %w", b.name, err)
 	}

@@ -68,24 +68,50 @@ type Decision struct {
 	Reason          string
 }
 
-// refusedScript counts a rate-limited answer, records the refused tick,
-// and either returns the evidence to judge it on or, within the cooldown of a rate
-// lesson (the call was on its way before it), applies the pause the
-// answer asked for and is done: most refusals cost this one round trip.
+// refusedArgs is the refused script's ARGV, in order (see refusedLua).
+type refusedArgs struct {
+	Now         int64  `lua:"now"`          // Redis time override (µs; 0: TIME)
+	Tick        string `lua:"tick_s"`       // the refused call's tick (µs; "0": unknown)
+	Cooldown    int64  `lua:"cooldown"`     // a rate lesson's cooldown (µs): a window and the guard
+	Keep        int64  `lua:"keep"`         // the belief outlives now by this (µs)
+	Pause       int64  `lua:"pause"`        // the pause the answer asked (µs)
+	PauseReason string `lua:"pause_reason"` // why, for the stats
+	Channel     string `lua:"channel"`      // pause channel
+	Bucket      string `lua:"bucket"`       // bucket name
+}
+
+func (a refusedArgs) argv() []any {
+	return []any{a.Now, a.Tick, a.Cooldown, a.Keep, a.Pause, a.PauseReason, a.Channel, a.Bucket}
+}
+
+// refusedKeyNames are the refused script's KEYS, in order.
+var refusedKeyNames = []string{"control", "ticks", "limited", "stats"}
+
+// refusedLua counts a rate-limited answer, records the refused tick,
+// and either returns the evidence to judge it on or, within the cooldown
+// of a rate lesson (the call was on its way before it), applies the pause
+// the answer asked for and is done: most refusals cost this one round
+// trip.
 //
-// KEYS[1] control hash, KEYS[2] ticks list, KEYS[3] refused ticks list,
-// KEYS[4] stats hash. ARGV[1] Redis time override (µs; 0: TIME), ARGV[2]
-// the refused tick (µs; 0: unknown), ARGV[3] cooldown (µs), ARGV[4] keep
-// (µs), ARGV[5] the pause asked (µs), ARGV[6] its reason, ARGV[7] pause
-// channel, ARGV[8] bucket name. Returns {0, lesson, pause left (µs)}
-// within a rate lesson's cooldown; else {1 or 2 (within a
-// margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
+// KEYS: the bucket's control hash, ticks list, refused ticks list and
+// stats hash (refusedKeyNames); ARGV: refusedArgs. Returns {0, lesson,
+// pause left (µs)} within a rate lesson's cooldown; else {1 or 2 (within
+// a margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
 // ticks, lesson_tick, probe_at}.
-var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + `
-local k_control, k_ticks, k_limited, k_stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local a_tick_s, a_cooldown, a_keep = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local a_pause, a_pause_reason, a_channel, a_bucket = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
-local now = now_us()
+const refusedLua = `
+local k_control = KEYS[1]
+local k_ticks = KEYS[2]
+local k_limited = KEYS[3]
+local k_stats = KEYS[4]
+local a_now = tonumber(ARGV[1])
+local a_tick_s = ARGV[2]
+local a_cooldown = tonumber(ARGV[3])
+local a_keep = tonumber(ARGV[4])
+local a_pause = tonumber(ARGV[5])
+local a_pause_reason = ARGV[6]
+local a_channel = ARGV[7]
+local a_bucket = ARGV[8]
+local now = now_from(a_now)
 count(k_stats, 'rate_limited', now)
 if a_tick_s ~= '0' then
   redis.call('LREM', k_ticks, 1, a_tick_s)
@@ -96,7 +122,7 @@ end
 redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
 local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at')
--- last_decrease: when the last lesson was written (applyScript).
+-- last_decrease: when the last lesson was written (applyLua).
 local mode = 1
 if now - (tonumber(c[1]) or 0) < a_cooldown then
   if c[2] == 'rate' then
@@ -108,40 +134,55 @@ if now - (tonumber(c[1]) or 0) < a_cooldown then
 end
 return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', k_ticks, 0, -1),
   redis.call('LRANGE', k_limited, 0, -1), c[6] or '', c[7] or ''}
-`)
+`
+
+var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + refusedLua)
 
 // applyArgs is the apply script's ARGV, in order (see applyScript).
 type applyArgs struct {
-	Now       int64  `lua:"a_now"`        // Redis time override (µs; 0: TIME)
-	Seen      string `lua:"a_seen"`       // the lesson_tick the judgement read ("" none): a lesson is written only if it stands
-	Fields    string `lua:"a_fields"`     // the lesson's control fields, "name=value" joined by "\n" ("": no lesson)
-	Pause     int64  `lua:"a_pause"`      // pause (µs; 0: none)
-	Reason    string `lua:"a_reason"`     // why, for the stats
-	Channel   string `lua:"a_channel"`    // pause channel
-	Bucket    string `lua:"a_bucket"`     // bucket name
-	Keep      int64  `lua:"a_keep"`       // the belief outlives now by this (µs)
-	Respace   int64  `lua:"a_respace"`    // 1: restart the line at the new spacing
-	Slack     int64  `lua:"a_slack"`      // respaceSlack (µs)
-	RespaceCh string `lua:"a_respace_ch"` // respace channel
+	Now       int64  `lua:"now"`        // Redis time override (µs; 0: TIME)
+	Seen      string `lua:"seen"`       // the lesson_tick the judgement read ("" none): a lesson is written only if it stands
+	Fields    string `lua:"fields"`     // the lesson's control fields, "name=value" joined by "\n" ("": no lesson)
+	Pause     int64  `lua:"pause"`      // pause (µs; 0: none)
+	Reason    string `lua:"reason"`     // why, for the stats
+	Channel   string `lua:"channel"`    // pause channel
+	Bucket    string `lua:"bucket"`     // bucket name
+	Keep      int64  `lua:"keep"`       // the belief outlives now by this (µs)
+	Respace   int64  `lua:"respace"`    // 1: restart the line at the new spacing
+	Slack     int64  `lua:"slack"`      // respaceSlack (µs)
+	RespaceCh string `lua:"respace_ch"` // respace channel
 }
 
 func (a applyArgs) argv() []any {
 	return []any{a.Now, a.Seen, a.Fields, a.Pause, a.Reason, a.Channel, a.Bucket, a.Keep, a.Respace, a.Slack, a.RespaceCh}
 }
 
-// applyScript applies a judged refusal at once for every replica: the
+// applyKeyNames are the apply script's KEYS, in order.
+var applyKeyNames = []string{"control", "stats", "gate"}
+
+// applyLua applies a judged refusal at once for every replica: the
 // lesson (unless another replica's lesson came first), the pause, and the
 // respace that makes a wider margin what the vendor sees.
 //
-// KEYS[1] control hash, KEYS[2] stats hash, KEYS[3] gate hash.
-// Returns {1 if the lesson was written, the pause remaining (µs), 1 if
-// the line was respaced}.
-var applyScript = redis.NewScript(nowLua + extendLua + pauseLua + respaceLua + `
-local k_control, k_stats, k_gate = KEYS[1], KEYS[2], KEYS[3]
-local a_seen, a_fields, a_pause, a_reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local a_channel, a_bucket, a_keep = ARGV[6], ARGV[7], tonumber(ARGV[8])
-local a_respace, a_slack, a_respace_ch = ARGV[9] == '1', tonumber(ARGV[10]), ARGV[11]
-local now = now_us()
+// KEYS: the bucket's control, stats and gate hashes (applyKeyNames);
+// ARGV: applyArgs. Returns {1 if the lesson was written, the pause
+// remaining (µs), 1 if the line was respaced}.
+const applyLua = `
+local k_control = KEYS[1]
+local k_stats = KEYS[2]
+local k_gate = KEYS[3]
+local a_now = tonumber(ARGV[1])
+local a_seen = ARGV[2]
+local a_fields = ARGV[3]
+local a_pause = tonumber(ARGV[4])
+local a_reason = ARGV[5]
+local a_channel = ARGV[6]
+local a_bucket = ARGV[7]
+local a_keep = tonumber(ARGV[8])
+local a_respace = ARGV[9] == '1'
+local a_slack = tonumber(ARGV[10])
+local a_respace_ch = ARGV[11]
+local now = now_from(a_now)
 local taught = 0
 if a_fields ~= '' and (redis.call('HGET', k_control, 'lesson_tick') or '') == a_seen then
   local set = {'last_change', string.format('%d', now), 'last_decrease', string.format('%d', now)}
@@ -158,7 +199,9 @@ if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_reason, a_c
 local respaced = 0
 if taught == 1 and a_respace then respaced = respace(k_gate, now, a_slack, a_respace_ch, a_bucket) end
 return {taught, left, respaced}
-`)
+`
+
+var applyScript = redis.NewScript(nowLua + extendLua + pauseLua + respaceLua + applyLua)
 
 // Refused judges a rate-limited answer that announced no limit, to the
 // call of permit p (nil: unknown), and applies the judgement for every
@@ -182,9 +225,9 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		return Decision{}, fmt.Errorf("shaper: judge a rate-limited answer of %q: %w", b.name, err)
 	}
 	pauseCh := pauseChannel(b.gate.prefix)
-	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats},
-		b.gate.redisNow(), strconv.FormatInt(tick, 10), cooldown.Microseconds(), a.Keep.Microseconds(),
-		ans.Pause.Microseconds(), ans.PauseReason, pauseCh, b.name).Slice()
+	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
+		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name}
+	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)
 	}

@@ -15,47 +15,63 @@ import (
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
-// TestReserveScriptBindings checks that the reserve script binds every
-// KEYS and ARGV entry to a named local at its top, in the order Go passes
-// them: the keys as reserveKeyNames and bucketKeys.reserve list them, the
-// arguments as the fields of reserveArgs, which argv returns in order.
-func TestReserveScriptBindings(t *testing.T) {
-	body := reserveLua
+// TestScriptBindings checks that each script fed from a Go struct binds
+// every KEYS and ARGV entry to a named local at its top, in the order Go
+// passes them: the keys as its key names list them, the arguments as the
+// fields of its args struct, which argv returns in order.
+func TestScriptBindings(t *testing.T) {
+	if got := len(keysOf("p", "g", "b").reserve()); got != len(reserveKeyNames) {
+		t.Errorf("bucketKeys.reserve passes %d keys, reserveKeyNames has %d", got, len(reserveKeyNames))
+	}
+	for _, sc := range []struct {
+		name, body string
+		keys       []string
+		args       interface{ argv() []any }
+	}{
+		{"reserve", reserveLua, reserveKeyNames, &reserveArgs{}},
+		{"refused", refusedLua, refusedKeyNames, &refusedArgs{}},
+		{"apply", applyLua, applyKeyNames, &applyArgs{}},
+	} {
+		t.Run(sc.name, func(t *testing.T) { checkBindings(t, sc.body, sc.keys, sc.args) })
+	}
+}
+
+// checkBindings checks one script body against its key names and its
+// args struct (a pointer; see TestScriptBindings).
+func checkBindings(t *testing.T, body string, keyNames []string, args interface{ argv() []any }) {
 	keys := regexp.MustCompile(`(?m)^local k_(\w+) = KEYS\[(\d+)\]$`).FindAllStringSubmatch(body, -1)
-	var keyNames []string
+	var names []string
 	for i, m := range keys {
 		if n, _ := strconv.Atoi(m[2]); n != i+1 {
 			t.Errorf("k_%s binds KEYS[%s], want KEYS[%d]", m[1], m[2], i+1)
 		}
-		keyNames = append(keyNames, m[1])
+		names = append(names, m[1])
 	}
-	if !slices.Equal(keyNames, reserveKeyNames) {
-		t.Errorf("the script binds keys %v, Go names %v", keyNames, reserveKeyNames)
-	}
-	if got := len(keysOf("p", "g", "b").reserve()); got != len(reserveKeyNames) {
-		t.Errorf("bucketKeys.reserve passes %d keys, reserveKeyNames has %d", got, len(reserveKeyNames))
+	if !slices.Equal(names, keyNames) {
+		t.Errorf("the script binds keys %v, Go names %v", names, keyNames)
 	}
 	if n := len(regexp.MustCompile(`KEYS\[`).FindAllString(body, -1)); n != len(keys) {
 		t.Errorf("KEYS is read %d times, bound %d times: read every key through its local", n, len(keys))
 	}
 
-	args := regexp.MustCompile(`(?m)^local a_(\w+) = (?:tonumber\()?ARGV\[(\d+)\]`).FindAllStringSubmatch(body, -1)
-	typ := reflect.TypeOf(reserveArgs{})
-	if len(args) != typ.NumField() {
-		t.Errorf("the script binds %d arguments, reserveArgs has %d fields", len(args), typ.NumField())
+	binding := regexp.MustCompile(`(?m)^local a_(\w+) = (?:tonumber\()?ARGV\[(\d+)\].*$`)
+	bound := binding.FindAllStringSubmatchIndex(body, -1)
+	v := reflect.ValueOf(args).Elem()
+	typ := v.Type()
+	if len(bound) != typ.NumField() {
+		t.Errorf("the script binds %d arguments, %s has %d fields", len(bound), typ.Name(), typ.NumField())
 	}
-	for i, m := range args {
-		if n, _ := strconv.Atoi(m[2]); n != i+1 {
-			t.Errorf("a_%s binds ARGV[%s], want ARGV[%d]", m[1], m[2], i+1)
+	for i, ix := range bound {
+		name, n := body[ix[2]:ix[3]], body[ix[4]:ix[5]]
+		if n != strconv.Itoa(i+1) {
+			t.Errorf("a_%s binds ARGV[%s], want ARGV[%d]", name, n, i+1)
 		}
-		if i < typ.NumField() && typ.Field(i).Tag.Get("lua") != m[1] {
-			t.Errorf("ARGV[%d] is a_%s in the script, %s (lua:%q) in Go", i+1, m[1], typ.Field(i).Name, typ.Field(i).Tag.Get("lua"))
+		if i < typ.NumField() && typ.Field(i).Tag.Get("lua") != name {
+			t.Errorf("ARGV[%d] is a_%s in the script, %s (lua:%q) in Go", i+1, name, typ.Field(i).Name, typ.Field(i).Tag.Get("lua"))
 		}
 	}
 	// argv returns the fields in order: give each field a distinct value
 	// and find it at its place.
-	var a reserveArgs
-	v := reflect.ValueOf(&a).Elem()
 	for i := range typ.NumField() {
 		switch f := v.Field(i); f.Kind() {
 		case reflect.Int, reflect.Int64:
@@ -68,7 +84,7 @@ func TestReserveScriptBindings(t *testing.T) {
 			f.SetBool(true)
 		}
 	}
-	argv := a.argv()
+	argv := args.argv()
 	if len(argv) != typ.NumField() {
 		t.Fatalf("argv returns %d values for %d fields", len(argv), typ.NumField())
 	}
@@ -82,9 +98,15 @@ func TestReserveScriptBindings(t *testing.T) {
 		}
 	}
 	// Every ARGV read goes through a local: no ARGV[n] past the bindings.
-	rest := body[regexp.MustCompile(`(?m)^local a_recheck = tonumber\(ARGV\[32\]\)$`).FindStringIndex(body)[1]:]
+	if len(bound) == 0 {
+		return
+	}
+	rest := body[bound[len(bound)-1][1]:]
 	for _, m := range regexp.MustCompile(`ARGV\[(\d+)\]`).FindAllStringSubmatch(rest, -1) {
 		t.Errorf("ARGV[%s] is read past the bindings", m[1])
+	}
+	if n := len(regexp.MustCompile(`ARGV\[`).FindAllString(body, -1)); n != len(bound) {
+		t.Errorf("ARGV is read %d times, bound %d times", n, len(bound))
 	}
 }
 

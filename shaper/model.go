@@ -56,6 +56,10 @@ type Adapt struct {
 	// Probe is the quiet time after which the rate that failed is
 	// forgotten (and the configured rate tried again); default 1m.
 	Probe time.Duration
+	// Ceiling is the share of the rate that last failed that a learned
+	// rate's quiet-period steps stay at or below, until Probe; default
+	// 0.97.
+	Ceiling float64
 	// Floor is the lowest learned rate, as a share of the configured
 	// rate; default 0.02.
 	Floor float64
@@ -135,7 +139,7 @@ const (
 // defaultAdapt holds every default of Adapt.
 var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
-	Floor: DefaultAdaptFloor, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
+	Floor: DefaultAdaptFloor, Ceiling: 0.97, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3, Resolution: 2,
 	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, LateFactor: 2,
 	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
@@ -153,6 +157,7 @@ func (a Adapt) withDefaults() Adapt {
 	share(&a.MinCut, d.MinCut)
 	share(&a.MaxMargin, d.MaxMargin)
 	share(&a.Tolerated, d.Tolerated)
+	share(&a.Ceiling, d.Ceiling)
 	if a.Floor <= 0 || a.Floor > 1 {
 		a.Floor = d.Floor
 	}

@@ -249,6 +249,7 @@ type reserveArgs struct {
 	Limits        string  `lua:"limits"`       // the bucket's limits (limitSpec)
 	TotalLimits   string  `lua:"total_limits"` // the total's limits (limitSpec; "" without one)
 	Recheck       int64   `lua:"recheck"`      // quiet time (µs) before a learned rate probes toward est_hi (Adapt.Recheck windows)
+	Ceiling       float64 `lua:"ceiling"`      // see raiseLua (Adapt.Ceiling)
 }
 
 // argv returns the arguments in the order of the struct's fields.
@@ -260,7 +261,7 @@ func (a reserveArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
 		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
 		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
-		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck}
+		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling}
 }
 
 // reserveScript reserves the next tick of one call, of its bucket and of
@@ -314,10 +315,11 @@ end
 -- enforces spacing) widens the tick. ctl holds the control fields
 -- 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'.
 -- Returns the tick and the adapted rate (nil: the configured one).
-local function adapted_tick(key, ctl, interval, burst, now, cfg, step, quiet, probe, recheck, span, window)
+local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
+  local cfg = raise.cfg
   local rate = tonumber(ctl[2])
   if rate and ctl[3] == 'learned' then
-    local r = raise_rate(key, now, cfg, step, quiet, probe, recheck)
+    local r = raise_rate(key, now, raise)
     if r == 0 then rate = nil elseif r then rate = r end
   end
   if rate and rate > 0 then
@@ -576,6 +578,7 @@ local a_high = ARGV[29] == '1'
 local a_limits = ARGV[30]
 local a_total_limits = ARGV[31]
 local a_recheck = tonumber(ARGV[32])
+local a_ceiling = tonumber(ARGV[33])
 
 local now = redis_now(a_now)
 local tiv = a_total_interval
@@ -584,7 +587,8 @@ local tiv = a_total_interval
 local interval, burst = peer_tick(k_replicas, a_replica, a_interval, a_burst, a_replica_live, math.ceil(a_keep / 1000) + 1000, now)
 local ctl = redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
 local rate
-interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, a_rate, a_raise_step, a_quiet, a_probe, a_recheck, a_span, a_window)
+local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
+interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
 local paused = tonumber(ctl[1]) or 0
 local lguard = tonumber(ctl[4])
 local fair = 0
@@ -846,16 +850,15 @@ func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) 
 // reserveArgs builds the reserve script's arguments for one call.
 func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 	p := b.policy
-	a := p.Adapt.withDefaults()
-	cfg := float64(p.Limits[0].Rate)
+	ra := b.raiseArgs()
+	cfg := ra.Cfg
 	iv, burst, guard, _ := b.spacing()
 	args := reserveArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		MaxInFlight: p.MaxInFlight, LeaseTTL: p.LeaseTTL.Microseconds(), Lease: lease,
 		Span: (p.Limits[0].Window + guard).Microseconds(), ReplicaLive: replicaLive.Microseconds(),
 		Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
-		Rate: cfg, RaiseStep: cfg * a.Increase, Quiet: a.Quiet.Microseconds(), Probe: a.Probe.Microseconds(),
-		Recheck: int64(a.Recheck) * p.Limits[0].Window.Microseconds(),
+		Rate: cfg, RaiseStep: ra.Step, Quiet: ra.Quiet, Probe: ra.Probe, Recheck: ra.Recheck, Ceiling: ra.Ceiling,
 		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
 		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,
 	}
