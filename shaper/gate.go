@@ -73,7 +73,7 @@ type Bucket struct {
 	limits   string        // limitSpec of the policy
 	keys     bucketKeys
 	made     uint64 // order among the gate's handles: a later handle holds a newer policy
-	meter    *meter // the measured margin (nil: the policy's guard is fixed)
+	meter    *meter // what the margin must cover, measured; the guard follows it with Policy.MeasureGuard
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

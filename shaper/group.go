@@ -79,10 +79,6 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 		}
 	}
 	keep += p.Guard
-	var m *meter
-	if p.MeasureGuard {
-		m = &meter{}
-	}
-	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: m,
+	return &Bucket{gate: grp.gate, name: full, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: &meter{},
 		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1)}, nil
 }

@@ -51,8 +51,10 @@ type Answer struct {
 	// RetryAfter is whether the vendor asked for the pause itself: a
 	// refusal for spacing keeps only a pause the vendor asked for.
 	RetryAfter bool
-	// Jitter is the spread of recent round trips to the vendor (longest
-	// less shortest): how far the network may bunch calls up.
+	// Jitter is how far the network may bunch calls up, when the caller
+	// knows more than the bucket measured: the bucket judges with the
+	// larger of it and the spread of the round trips it was told of
+	// (Bucket.ObserveRoundTrip).
 	Jitter time.Duration
 }
 
@@ -249,10 +251,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	}
 	cfg := c.configured()
 	_, _, inForce, _ := b.spacing()
-	jitter := ans.Jitter
-	if b.meter != nil {
-		jitter = max(jitter, b.meter.spread())
-	}
+	jitter := max(ans.Jitter, b.meter.spread())
 	e := evidence{
 		tick: tick, ok: parseInts(res[5]), limited: parseInts(res[6]), window: primary.Window.Microseconds(),
 		configured: cfg, rate: parseFloat(res[2], cfg), quiet: parseFloat(res[4], 0),

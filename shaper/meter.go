@@ -115,7 +115,7 @@ func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol
 // policy whose guard follows measurement, what the meter asks for.
 func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duration) {
 	p := b.policy
-	if b.meter == nil {
+	if !p.MeasureGuard {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}
 	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Window, b.gate.clock.Now())
@@ -127,11 +127,12 @@ func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duratio
 }
 
 // ObserveRoundTrip tells the bucket how long one call to the vendor took,
-// from its start to its answer. A bucket whose guard follows measurement
-// (Policy.Guard left zero) widens or narrows its margin by the spread of
-// round trips; vendorclients calls it for every answer.
+// from its start to its answer: the spread of round trips is the network
+// jitter a refusal is judged with (Control.Refused), and a bucket whose
+// guard follows measurement (Policy.MeasureGuard) widens or narrows its
+// margin by it. vendorclients calls it for every answer.
 func (b *Bucket) ObserveRoundTrip(d time.Duration) {
-	if b.meter != nil && d >= 0 {
+	if d >= 0 {
 		b.meter.roundTrip(b.policy.Adapt.withDefaults(), b.gate.clock.Now(), d)
 	}
 }
@@ -139,7 +140,5 @@ func (b *Bucket) ObserveRoundTrip(d time.Duration) {
 // observeLate records how late after its tick a call woke (given up or
 // not).
 func (b *Bucket) observeLate(d time.Duration) {
-	if b.meter != nil {
-		b.meter.late(b.policy.Adapt.withDefaults(), b.gate.clock.Now(), max(d, 0))
-	}
+	b.meter.late(b.policy.Adapt.withDefaults(), b.gate.clock.Now(), max(d, 0))
 }

@@ -161,7 +161,7 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	st.RateLimitedLastMinute = lastMinute(now, "rate_limited", num)
 	iv, burst := civ, cburst
 	st.Source, st.Guard = "configured", cguard
-	if b.meter != nil && cguard != b.policy.Guard {
+	if b.policy.MeasureGuard && cguard != b.policy.Guard {
 		st.GuardReason = fmt.Sprintf("measured: calls start within %s of their tick (tolerance), round trips spread %s",
 			ctol.Round(100*time.Microsecond), b.meter.spread().Round(100*time.Microsecond))
 	}

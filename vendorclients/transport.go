@@ -26,39 +26,7 @@ type transport struct {
 
 	announced *announcedRates // shared by a client and its accounts' clients
 	counted   *countedQuotas  // shared by a client and its accounts' clients
-	latency   *latencies      // shared by a client and its accounts' clients
 	bucket    atomic.Pointer[shaper.Bucket]
-}
-
-// latencies keeps the last answers' round-trip times, whose spread
-// (longest less shortest) estimates the network jitter a refusal at the
-// full rate is judged with (see shaper.Control.Refused).
-type latencies struct {
-	mu   sync.Mutex
-	ring [64]time.Duration
-	n    int
-}
-
-func (l *latencies) add(d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ring[l.n%len(l.ring)] = d
-	l.n++
-}
-
-// spread is the longest less the shortest of the last round trips.
-func (l *latencies) spread() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := min(l.n, len(l.ring))
-	if n == 0 {
-		return 0
-	}
-	lo, hi := l.ring[0], l.ring[0]
-	for _, d := range l.ring[1:n] {
-		lo, hi = min(lo, d), max(hi, d)
-	}
-	return hi - lo
 }
 
 // maxAnnounced bounds the buckets whose last announced rate a client
@@ -181,11 +149,9 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	sent := time.Now()
 	resp, err := t.base.RoundTrip(out)
 	if err == nil {
-		took := time.Since(sent)
-		bucket.ObserveRoundTrip(took) // a measured guard follows the spread of round trips
-		if t.latency != nil {
-			t.latency.add(took)
-		}
+		// The bucket measures the spread of round trips: the jitter a
+		// refusal is judged with, and a measured guard.
+		bucket.ObserveRoundTrip(time.Since(sent))
 	}
 	if err != nil {
 		cancel()
@@ -260,12 +226,8 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 	if limited && h.Limit == 0 {
 		// Refused without an announced limit: the gate judges it and
 		// applies the judgement (pause, rate, margin) in one place.
-		var jitter time.Duration
-		if t.latency != nil {
-			jitter = t.latency.spread()
-		}
 		dec, err := ctl.Refused(ctx, permit, shaper.Answer{Reason: fmt.Sprintf("HTTP %d with no announced limit", resp.StatusCode),
-			Pause: d, PauseReason: reason, RetryAfter: h.HasRetryAfter, Jitter: jitter})
+			Pause: d, PauseReason: reason, RetryAfter: h.HasRetryAfter})
 		if err != nil {
 			t.log.Error("vendorclients: could not pause the vendor or learn from its rate-limited answer; other replicas may call it until it answers 429 again", "vendor", vendor, "err", err)
 			return 0
