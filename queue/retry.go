@@ -16,11 +16,18 @@ type deferError struct {
 	Cause error // why, when it is not the vendor's tick (Redis unavailable)
 }
 
+// The starts of deferError's messages (isDeferral reads them back from
+// asynq's last error).
+const (
+	deferRetryPrefix = "retrying in "
+	deferWaitPrefix  = "waiting for the vendor's next tick in "
+)
+
 func (e *deferError) Error() string {
 	if e.Cause != nil {
-		return fmt.Sprintf("retrying in %s without using a retry: %v", e.Wait.Round(time.Millisecond), e.Cause)
+		return fmt.Sprintf(deferRetryPrefix+"%s without using a retry: %v", e.Wait.Round(time.Millisecond), e.Cause)
 	}
-	return fmt.Sprintf("waiting for the vendor's next tick in %s", e.Wait.Round(time.Millisecond))
+	return deferWaitPrefix + e.Wait.Round(time.Millisecond).String()
 }
 
 func (e *deferError) Unwrap() error { return e.Cause }
