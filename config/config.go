@@ -11,7 +11,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -263,10 +265,37 @@ func (c *Config) VendorNames() []string {
 // ErrInvalid is wrapped by every validation error.
 var ErrInvalid = errors.New("invalid config")
 
+// NotFoundError is Load's error for a config file that does not exist;
+// it wraps the open error (errors.Is(err, fs.ErrNotExist) holds). Dir is
+// the working directory a relative Path was looked for in ("" when Path
+// is absolute or the directory is unknown).
+type NotFoundError struct {
+	Path string
+	Dir  string
+	Err  error
+}
+
+func (e *NotFoundError) Error() string {
+	if e.Dir != "" {
+		return fmt.Sprintf("config file %s not found in %s", e.Path, e.Dir)
+	}
+	return fmt.Sprintf("config file %s not found", e.Path)
+}
+
+func (e *NotFoundError) Unwrap() error { return e.Err }
+
 // Load reads and validates the config file at path. SHAPER_REDIS_ADDR,
-// SHAPER_REDIS_USERNAME and SHAPER_REDIS_PASSWORD override the file.
+// SHAPER_REDIS_USERNAME and SHAPER_REDIS_PASSWORD override the file. A
+// missing file is a *NotFoundError.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		nf := &NotFoundError{Path: path, Err: err}
+		if !filepath.IsAbs(path) {
+			nf.Dir, _ = os.Getwd()
+		}
+		return nil, nf
+	}
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

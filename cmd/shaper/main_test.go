@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -118,5 +120,49 @@ rate = 0
 	}
 	if _, err := runCLI(t, "config", "check", "--config", filepath.Join(t.TempDir(), "missing.toml")); err == nil {
 		t.Error("a missing file was accepted")
+	}
+}
+
+// TestMissingConfigNamesTheFlag: a command run where there is no
+// config.toml, or given a --config path that does not exist, says which
+// file is missing and names --config.
+func TestMissingConfigNamesTheFlag(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nope.toml")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"default path", []string{"stats"}, []string{
+			"shaper: config file config.toml not found in ", "pass --config PATH (or run in the directory that holds config.toml)"}},
+		{"config check", []string{"config", "check"}, []string{"config file config.toml not found", "pass --config PATH"}},
+		{"a path given", []string{"worker", "--config", missing}, []string{
+			"shaper: config file " + missing + " not found: check the path given to --config"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(shaperBin(t), tc.args...)
+			cmd.Dir = dir
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("succeeded without a config file:\n%s", out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if strings.Contains(string(out), "no such file or directory") {
+				t.Errorf("output still has the bare open error:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestExplainLeavesOtherErrorsAlone(t *testing.T) {
+	err := errors.New("boom")
+	if got := explain(err); got != err {
+		t.Errorf("explain(%v) = %v", err, got)
 	}
 }
