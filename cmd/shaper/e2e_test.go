@@ -482,7 +482,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 	code, body := get("/metrics")
 	for _, want := range []string{`shaper_calls_started_total{vendor="metered"} 10`, `shaper_queue_depth{state="pending",vendor="metered"} 0`,
 		`shaper_effective_rate{vendor="metered"} 98.03`, `shaper_paused{vendor="metered"} 0`, `shaper_tick_wait_seconds_count{vendor="metered"} 10`,
-		"shaper_vendors_served 1"} {
+		"shaper_vendors_served 1", "\ngo_goroutines ", "\nprocess_cpu_seconds_total "} { // process_*: Linux (/proc)
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)
 		}

@@ -1,6 +1,7 @@
 // Package metrics serves a worker's Prometheus metrics and health check:
 // calls started and rate-limited answers, wait for a tick, queue depth, effective
-// rate and pauses, per vendor.
+// rate and pauses, per vendor; and the Prometheus client's standard Go
+// runtime (go_*) and process (process_*) metrics.
 package metrics
 
 import (
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -41,7 +43,8 @@ func New(worker Worker, client *queue.Client) *Metrics {
 		}, []string{"vendor"}),
 		reg: prometheus.NewRegistry(),
 	}
-	m.reg.MustRegister(m.started, m.rateLimited, m.wait, &collector{worker: worker, client: client})
+	m.reg.MustRegister(m.started, m.rateLimited, m.wait, &collector{worker: worker, client: client},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
