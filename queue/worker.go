@@ -146,6 +146,9 @@ type Worker struct {
 	gate *shaper.Gate
 	insp *asynq.Inspector
 	log  *slog.Logger
+	// transport is the HTTP transport NewWorker made (nil when the
+	// config gave one): Run closes its idle connections when it returns.
+	transport *http.Transport
 	// health is whether Redis answers, from Run's pings.
 	health redisHealth
 
@@ -194,8 +197,9 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	var own *http.Transport
 	if cfg.Transport == nil {
-		cfg.Transport = &http.Transport{
+		own = &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
 			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConns:        1000,
@@ -204,9 +208,10 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 			TLSHandshakeTimeout: 10 * time.Second,
 			ForceAttemptHTTP2:   true,
 		}
+		cfg.Transport = own
 	}
 	w := &Worker{
-		rdb: rdb, cfg: cfg, log: cfg.Logger,
+		rdb: rdb, cfg: cfg, log: cfg.Logger, transport: own,
 		gate:     shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}),
 		insp:     asynq.NewInspectorFromRedisClient(rdb),
 		applyc:   make(chan applyRequest),
@@ -388,6 +393,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	w.shutdown(w.runtimes(nil))
 	wg.Wait()
+	if w.transport != nil {
+		w.transport.CloseIdleConnections() // their goroutines end with Run
+	}
 	return nil
 }
 
