@@ -60,6 +60,11 @@ queue.`,
 			if err != nil {
 				return err
 			}
+			// One log, one format: the worker's own lines and asynq's
+			// (its servers log through the worker's logger) go to the
+			// handler above, never to slog.Default's "2006/01/02 15:04:05 INFO"
+			// lines.
+			wc.Logger = log
 			var w *queue.Worker
 			var m *metrics.Metrics
 			if metricsAddr != "" {
@@ -207,7 +212,9 @@ func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), e
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// The server's own errors (a broken scrape connection) go to the
+	// worker's log too, not to the log package's default logger.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var serving sync.WaitGroup
 	serving.Go(func() { _ = srv.Serve(ln) })
 	base := "http://" + ln.Addr().String()
