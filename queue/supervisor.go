@@ -22,11 +22,14 @@ const (
 // when the queue has held nothing for idleStopAfter, so that its server
 // stops. (Heartbeats and the recovery of learned rates ride on the gate's
 // grants: no polling for them.) Redis errors are logged once per failure
-// streak.
+// streak, and long waits once per state (waitLog), not at each pause and
+// unpause.
 func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	t := time.NewTicker(supervisorEvery)
 	defer t.Stop()
 	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name), &w.health)
+	waits := &waitLog{log: w.log.With("vendor", rt.vendor.Name, "queue", rt.queue), maxWait: w.cfg.MaxWait,
+		back: time.Second + rt.vendor.forwardEvery()}
 	var last, counted, idleSince time.Time
 	for {
 		select {
@@ -52,17 +55,20 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 				}
 			}
 		}
-		if !rt.pausedHere.Load() && time.Since(last) < supervisorIdleEvery {
-			continue // no Redis call for a queue nobody here paused
+		if !rt.pausedHere.Load() {
+			waits.running(time.Now())
+			if time.Since(last) < supervisorIdleEvery {
+				continue // no Redis call for a queue nobody here paused
+			}
 		}
 		last = time.Now()
-		if err := w.superviseOnce(ctx, rt, problems); err != nil && ctx.Err() != nil {
+		if err := w.superviseOnce(ctx, rt, problems, waits); err != nil && ctx.Err() != nil {
 			return
 		}
 	}
 }
 
-func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog) error {
+func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog, waits *waitLog) error {
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
 	lanes, err := w.rdb.Get(ctx, key).Result()
 	if err == redis.Nil {
@@ -76,8 +82,12 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	rt.pausedHere.Store(true) // paused (here or by a replica that may be gone): watch it closely
 	st, err := rt.bucket().Stats(ctx)
 	problems.check("reading the vendor's gate", err)
-	if err != nil || st.NextTick > w.cfg.MaxWait {
+	if err != nil {
 		return err
+	}
+	waits.paused(time.Now(), st)
+	if st.NextTick > w.cfg.MaxWait {
+		return nil
 	}
 	n, err := w.rdb.Del(ctx, key).Result()
 	problems.check("unpausing the vendor's queue", err)
@@ -90,14 +100,17 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 			return err
 		}
 	}
-	w.log.Info("vendor's next tick is near: its queue is unpaused", "vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", st.NextTick.Round(time.Millisecond))
+	// Debug: while a backlog lasts this comes every few ticks; waits
+	// says when the backlog begins and ends.
+	w.log.Debug("vendor's next tick is near: its queue is unpaused", "vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", st.NextTick.Round(time.Millisecond))
 	return nil
 }
 
 // pauseQueue pauses the vendor's asynq queue through a long wait, so that
 // no replica dequeues tasks only to send them back; a supervisor unpauses
-// it when the wait is nearly over. The log says why the wait is long: a
-// pause the vendor asked for, or a backlog.
+// it when the wait is nearly over, and logs why the wait is long (a pause
+// the vendor asked for, or a backlog) once per state, not at each pause.
+// A queue another replica paused is watched here too.
 //
 // A wait of the high lane (a pause, a spent quota: every lane waits)
 // pauses both lanes' queues; a wait of the normal lane (a backlog the high
@@ -109,8 +122,12 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 		lanes = "both"
 	}
 	ok, err := w.rdb.SetNX(ctx, key, lanes, wait+time.Minute).Result()
-	if err != nil || !ok {
-		return // already paused by a replica, or Redis is failing (the task is deferred either way)
+	if err != nil {
+		return // Redis is failing (the task is deferred either way)
+	}
+	if !ok {
+		rt.pausedHere.Store(true) // paused by a replica: the supervisor watches it (and logs the wait)
+		return
 	}
 	for _, q := range pausedQueues(rt, lanes) {
 		if err := w.insp.PauseQueue(q); err != nil {
@@ -119,13 +136,8 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 		}
 	}
 	rt.pausedHere.Store(true)
-	args := []any{"vendor", rt.vendor.Name, "queue", rt.queue, "next_tick", wait.Round(time.Millisecond), "max_wait", w.cfg.MaxWait}
-	if st, err := rt.bucket().Stats(ctx); err == nil && st.PausedFor > 0 {
-		w.log.Info("vendor paused beyond max_wait: its queue is paused until the pause nearly ends",
-			append(args, "reason", st.PauseReason)...)
-		return
-	}
-	w.log.Info("vendor backlogged: its next free tick is beyond max_wait, so its queue is paused until the tick nears", args...)
+	w.log.Debug("vendor's next tick is beyond max_wait: its queue is paused", "vendor", rt.vendor.Name, "queue", rt.queue,
+		"next_tick", wait.Round(time.Millisecond), "max_wait", w.cfg.MaxWait)
 }
 
 // pausedQueues are the queues a pause of lanes ("normal" or "both", the

@@ -63,8 +63,9 @@ type vendorRuntime struct {
 	high    string   // the high lane's
 	client  *vendorclients.Client
 	shape   atomic.Pointer[accountShape] // per-account vendors: how each account is shaped
-	// pausedHere: this process paused the vendor's asynq queue, and its
-	// supervisor watches for the moment to unpause it.
+	// pausedHere: this process paused the vendor's asynq queue (or found
+	// it paused by a replica), and its supervisor watches for the moment
+	// to unpause it.
 	pausedHere atomic.Bool
 	// While the vendor's queue has work (see demand.go): its server, the
 	// end of its supervisor, and the supervisor's end. Run's goroutine
