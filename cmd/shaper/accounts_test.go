@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
@@ -67,5 +68,65 @@ per_account = true
 	if vs.AccountsWithBacklog == nil || *vs.AccountsWithBacklog < 1 || len(vs.TopAccounts) == 0 || vs.TopAccounts[0].Account != "store-9" ||
 		vs.TopAccounts[0].BacklogSeconds < 5 || vs.Account == nil || vs.Account.Account != "store-9" || vs.Account.ConfiguredRate != 1.96 {
 		t.Errorf("stats of a per-account vendor: %s", out)
+	}
+}
+
+// TestStatsShowsTheTotalAndTheShare: a per-account vendor with a total.
+// stats shows the total, and for --account both the account's own limit
+// and the least it gets of the total while the accounts with a backlog
+// share it.
+func TestStatsShowsTheTotalAndTheShare(t *testing.T) {
+	t.Parallel()
+	vendor := "tot-" + redistest.Prefix(t)[5:]
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	err := os.WriteFile(cfg, []byte(`[redis]
+addr = "`+redistest.Addr(t)+`"
+
+[vendors.`+vendor+`]
+base_url = "https://api.shop.example/stores/{account}"
+rate = 20
+per_account = true
+
+[vendors.`+vendor+`.total]
+rate = 30
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&lines, "{\"path\":\"/o/%d\",\"account\":\"store-%d\"}\n", i, i%2)
+	}
+	if out, err := runShaper(t, lines.String(), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	out, err := runShaper(t, "", "stats", "--config", cfg, "--json", "--account", "store-0")
+	if err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, out)
+	}
+	var rep StatsReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, out)
+	}
+	vs := rep.Vendors[0]
+	if vs.Total == nil || vs.Total.Rate != 30 || vs.Total.EffectiveRate != 29.41 || vs.ConfigRate != 20 {
+		t.Fatalf("the total in stats --json: %s", out)
+	}
+	a := vs.Account
+	n := *vs.AccountsWithBacklog
+	if a == nil || a.ConfigRate != 20 || a.ConfiguredRate != 19.61 || a.ShareRate == nil || n < 1 ||
+		*a.ShareRate != round2(min(19.61, 29.41/float64(n))) {
+		t.Fatalf("the account's share in stats --json (%d accounts with a backlog): %s", n, out)
+	}
+	out, err = runShaper(t, "", "stats", "--config", cfg, "--account", "store-0")
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{
+		vendor + ": total 30 per 1s over all accounts, at most 29.41/s with the 20ms guard",
+		"account store-0: rate 19.61/s; its own limit 20 per 1s, at most 19.61/s with its guard; its share of the total: at least " +
+			perWindow(*a.ShareRate, time.Second),
+	} {
+		if err != nil || !strings.Contains(flat, want) {
+			t.Errorf("stats lacks %q: %v\n%s", want, err, out)
+		}
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -21,7 +24,12 @@ import (
 // VendorStats is one vendor in `shaper stats --json`. The shape is stable:
 // fields are only ever added.
 type VendorStats struct {
-	Vendor         string  `json:"vendor"`
+	Vendor string `json:"vendor"`
+	// ConfigRate is the rate key as the config has it (calls per
+	// Window); ConfiguredRate is what the gate grants at most from it,
+	// after burst and guard (GuardSeconds); EffectiveRate what it grants
+	// now.
+	ConfigRate     int     `json:"config_rate"`
 	ConfiguredRate float64 `json:"configured_rate"`
 	EffectiveRate  float64 `json:"effective_rate"`
 	Window         string  `json:"window"`
@@ -29,12 +37,23 @@ type VendorStats struct {
 	RateReason     string  `json:"rate_reason"`
 	// Source is what sets the effective rate now: configured, announced,
 	// learned, set, margin (a guard learned from 429s) or warmup.
-	Source                string  `json:"source"`
-	GuardSeconds          float64 `json:"guard_seconds"`
-	GuardReason           string  `json:"guard_reason,omitempty"`
-	WarmingForSeconds     float64 `json:"warming_for_seconds,omitempty"`
-	Queued                int64   `json:"queued"`
-	InFlight              int64   `json:"in_flight"`
+	Source string `json:"source"`
+	// GuardSeconds is the guard in force: ConfigGuardSeconds, the config's
+	// guard (GuardMeasured: guard = "measured", which follows what the
+	// workers measure), or a wider one learned from 429s (GuardReason
+	// says why).
+	GuardSeconds       float64 `json:"guard_seconds"`
+	ConfigGuardSeconds float64 `json:"config_guard_seconds"`
+	GuardMeasured      bool    `json:"guard_measured,omitempty"`
+	GuardReason        string  `json:"guard_reason,omitempty"`
+	WarmingForSeconds  float64 `json:"warming_for_seconds,omitempty"`
+	Queued             int64   `json:"queued"`
+	InFlight           int64   `json:"in_flight"`
+	// Requeued counts the calls sent back to the queue to wait their
+	// turn: mostly for a tick beyond max_wait or a 429 (not failures),
+	// and failed calls (5xx, timeouts) waiting for their retry. Retrying
+	// is the same count under its first name, kept for old readers.
+	Requeued              int64   `json:"requeued"`
 	Retrying              int64   `json:"retrying"`
 	GrantedLastMinute     int64   `json:"granted_last_minute"`
 	GrantedTotal          int64   `json:"granted_total"`
@@ -59,6 +78,19 @@ type VendorStats struct {
 	AccountsWithBacklog *int64          `json:"accounts_with_backlog,omitempty"`
 	TopAccounts         []AccountStats  `json:"top_accounts,omitempty"`
 	Account             *AccountDetails `json:"account,omitempty"`
+	// Total is the vendor's total (a limit over all of its accounts
+	// together), when it has one.
+	Total *TotalStats `json:"total,omitempty"`
+}
+
+// TotalStats is a per-account vendor's total: Rate calls per Window as
+// the config has it, EffectiveRate per Window after the guard, and its
+// further limits (Limits, "N per WINDOW").
+type TotalStats struct {
+	Rate          int      `json:"rate"`
+	Window        string   `json:"window"`
+	EffectiveRate float64  `json:"effective_rate"`
+	Limits        []string `json:"limits,omitempty"`
 }
 
 // AccountStats is an account with a backlog: its last planned call is due
@@ -70,14 +102,26 @@ type AccountStats struct {
 
 // AccountDetails is one account of a per-account vendor (--account).
 type AccountDetails struct {
-	Account          string  `json:"account"`
-	EffectiveRate    float64 `json:"effective_rate"`
-	ConfiguredRate   float64 `json:"configured_rate"`
-	RateSource       string  `json:"rate_source"`
-	RateReason       string  `json:"rate_reason"`
-	NextTickSeconds  float64 `json:"next_tick_seconds"`
-	PausedForSeconds float64 `json:"paused_for_seconds"`
-	PauseReason      string  `json:"pause_reason"`
+	Account       string  `json:"account"`
+	EffectiveRate float64 `json:"effective_rate"`
+	// ConfigRate is the account's own rate key (its override's or the
+	// vendor's), per Window; ConfiguredRate is what the gate grants at
+	// most from it, after burst and guard.
+	ConfigRate     int     `json:"config_rate"`
+	ConfiguredRate float64 `json:"configured_rate"`
+	Window         string  `json:"window"`
+	// ShareRate, for a vendor with a total, is the least of the total the
+	// account gets (calls per Window) while the vendor's
+	// AccountsWithBacklog accounts have a backlog: the total's
+	// effective rate divided among them, or the account's own
+	// EffectiveRate when that is lower. The share is max-min fair: the
+	// account gets more while other accounts need less than their share.
+	ShareRate        *float64 `json:"share_rate,omitempty"`
+	RateSource       string   `json:"rate_source"`
+	RateReason       string   `json:"rate_reason"`
+	NextTickSeconds  float64  `json:"next_tick_seconds"`
+	PausedForSeconds float64  `json:"paused_for_seconds"`
+	PauseReason      string   `json:"pause_reason"`
 	// Quotas is each of the account's own quotas (see VendorStats).
 	Quotas []QuotaStats `json:"quotas,omitempty"`
 }
@@ -89,7 +133,7 @@ type StatsReport struct {
 }
 
 func newStatsCmd() *cobra.Command {
-	var asJSON, watch bool
+	var asJSON, watch, noLegend bool
 	var every time.Duration
 	var accounts int
 	var account string
@@ -118,7 +162,7 @@ func newStatsCmd() *cobra.Command {
 						if watch {
 							fmt.Fprint(out, "\033[H\033[2J")
 						}
-						printStats(out, rep)
+						printStats(out, rep, !noLegend)
 					}
 					if !watch {
 						return nil
@@ -134,6 +178,7 @@ func newStatsCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object; one per line with --watch)")
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted")
+	cmd.Flags().BoolVar(&noLegend, "no-legend", false, "leave out the legend below the table")
 	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "refresh period with --watch")
 	cmd.Flags().IntVar(&accounts, "accounts", 5, "per-account vendors: show this many accounts with the longest backlog")
 	cmd.Flags().StringVar(&account, "account", "", "per-account vendors: show this account's rate, next tick and pause")
@@ -179,10 +224,11 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 			return rep, err
 		}
 		vs := VendorStats{
-			Vendor: v.Name, ConfiguredRate: round2(st.ConfiguredRate), EffectiveRate: round2(st.EffectiveRate),
+			Vendor: v.Name, ConfigRate: v.Rate, ConfiguredRate: round2(st.ConfiguredRate), EffectiveRate: round2(st.EffectiveRate),
 			Window: durations.Format(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
-			Source: st.Source, GuardSeconds: st.Guard.Seconds(), GuardReason: st.GuardReason, WarmingForSeconds: round2(st.WarmingFor.Seconds()),
-			Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Retrying: qs.Retry,
+			Source: st.Source, GuardSeconds: st.Guard.Seconds(), ConfigGuardSeconds: v.Guard.Seconds(), GuardMeasured: v.GuardMeasured,
+			GuardReason: st.GuardReason, WarmingForSeconds: round2(st.WarmingFor.Seconds()),
+			Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Requeued: qs.Retry, Retrying: qs.Retry,
 			GrantedLastMinute: st.GrantedLastMinute, GrantedTotal: st.Granted,
 			RateLimitedLastMinute: st.RateLimitedLastMinute, RateLimitedTotal: st.RateLimited,
 			PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason,
@@ -216,83 +262,215 @@ func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c 
 
 func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-func printStats(w io.Writer, rep StatsReport) {
+// statsWidth is the widest line printStats means to print: the table
+// keeps to it (reasons go to lines below it, wrapped to it).
+const statsWidth = 100
+
+// statsLegend says what each column of printStats's table is.
+var statsLegend = [][2]string{
+	{"RATE", "calls per window the gate grants now, all replicas together (below: why, if not LIMIT's)"},
+	{"LIMIT", "the vendor's rate as the config has it; the guard spaces the ticks a little wider (below)"},
+	{"QUEUED", "calls waiting in the vendor's queue (both lanes)"},
+	{"IN FLIGHT", "calls a worker holds: waiting for their tick, or calling"},
+	{"REQUEUED", "calls sent back to the queue to wait their turn: a tick beyond max_wait or a 429 (not " +
+		"failures), or a failed call (5xx, timeout) waiting for its retry"},
+	{"GRANTED", "ticks granted in about the last 60 s: this clock minute's count plus the previous " +
+		"minute's, weighted by the part of it still inside the last 60 s as if its ticks were spread " +
+		"evenly (ticks late in the previous minute are undercounted); totals are below the table"},
+	{"429s", "rate-limited answers in about the last 60 s, counted as GRANTED is"},
+	{"NEXT", "time until the next free tick"},
+	{"OLDEST", "age of the oldest queued call"},
+	{"PAUSED", "time left of a pause the vendor asked for (429, Retry-After); why, below"},
+}
+
+// perWindow prints rate calls per window w: "19.61/s", "600/1m".
+func perWindow(rate float64, w time.Duration) string {
+	unit := durations.Format(w)
+	if w == time.Second {
+		unit = "s"
+	}
+	return strconv.FormatFloat(round2(rate), 'f', -1, 64) + "/" + unit
+}
+
+func seconds(s float64, round time.Duration) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(round)
+}
+
+func printStats(w io.Writer, rep StatsReport, legend bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VENDOR\tRATE (EFFECTIVE/CONFIGURED)\tQUEUED\tIN FLIGHT\tRETRYING\tGRANTED 1m/TOTAL\t429s 1m/TOTAL\tNEXT TICK\tOLDEST\tPAUSED")
+	fmt.Fprintln(tw, "VENDOR\tRATE\tLIMIT\tQUEUED\tIN FLIGHT\tREQUEUED\tGRANTED\t429s\tNEXT\tOLDEST\tPAUSED")
 	for _, v := range rep.Vendors {
-		rate := fmt.Sprintf("%.4g/%.4g per %s", v.EffectiveRate, v.ConfiguredRate, v.Window)
-		if v.RateSource != "" {
-			rate += fmt.Sprintf(" (%s: %s)", v.RateSource, v.RateReason)
-		}
-		if v.GuardReason != "" {
-			rate += fmt.Sprintf(" (guard %s: %s)", time.Duration(v.GuardSeconds*float64(time.Second)).Round(time.Millisecond), v.GuardReason)
-		}
-		if v.WarmingForSeconds > 0 {
-			rate += fmt.Sprintf(" (warming up, %s left)", time.Duration(v.WarmingForSeconds*float64(time.Second)).Round(100*time.Millisecond))
-		}
-		if v.Source != "" && v.Source != "configured" {
-			rate += " [set by: " + v.Source + "]"
-		}
-		if len(v.ReplicaRates) > 0 {
-			rate += fmt.Sprintf(" [replicas disagree: %v; the lowest applies]", v.ReplicaRates)
-		}
+		window, _ := time.ParseDuration(v.Window)
 		paused := "-"
 		if v.PausedForSeconds > 0 {
-			paused = fmt.Sprintf("%s (%s)", (time.Duration(v.PausedForSeconds * float64(time.Second))).Round(time.Second), v.PauseReason)
+			paused = seconds(v.PausedForSeconds, time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", v.Vendor, rate, v.Queued, v.InFlight, v.Retrying,
-			v.GrantedLastMinute, v.GrantedTotal, v.RateLimitedLastMinute, v.RateLimitedTotal,
-			time.Duration(v.NextTickSeconds*float64(time.Second)).Round(time.Millisecond),
-			time.Duration(v.OldestQueuedSeconds*float64(time.Second)).Round(time.Second), paused)
+		next := seconds(v.NextTickSeconds, time.Millisecond)
+		if next >= time.Second {
+			next = next.Round(100 * time.Millisecond)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", v.Vendor,
+			perWindow(v.EffectiveRate, window), perWindow(float64(v.ConfigRate), window), v.Queued, v.InFlight, v.Requeued,
+			v.GrantedLastMinute, v.RateLimitedLastMinute, next,
+			seconds(v.OldestQueuedSeconds, time.Second), paused)
 	}
 	tw.Flush()
 	for _, v := range rep.Vendors {
-		for _, q := range v.Quotas {
-			next := "now"
-			if q.NextCallSeconds > 0 {
-				next = "in " + time.Duration(q.NextCallSeconds*float64(time.Second)).Round(time.Second).String()
-			}
-			fmt.Fprintf(w, "\n%s: quota %s: %d used, %d left, next call %s", v.Vendor, q.Limit, q.Used, q.Left, next)
-		}
-		if len(v.Quotas) > 0 {
-			fmt.Fprintln(w)
+		fmt.Fprintln(w)
+		for _, line := range vendorNotes(v) {
+			printWrapped(w, v.Vendor+": ", line, "    ")
 		}
 	}
-	for _, v := range rep.Vendors {
-		if v.AccountsWithBacklog == nil {
-			continue
+	if legend {
+		fmt.Fprintln(w)
+		for _, l := range statsLegend {
+			printWrapped(w, fmt.Sprintf("%-10s ", l[0]), l[1], strings.Repeat(" ", 11))
 		}
-		fmt.Fprintf(w, "\n%s: %d account(s) with a backlog", v.Vendor, *v.AccountsWithBacklog)
+	}
+}
+
+// vendorNotes are the lines printStats prints below the table for v: how
+// its rate follows from the config, why it is lower, its totals, pause,
+// quotas, its total and its accounts.
+func vendorNotes(v VendorStats) []string {
+	window, _ := time.ParseDuration(v.Window)
+	guard := seconds(v.GuardSeconds, 100*time.Microsecond)
+	var out []string
+	note := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	guarded := "no guard"
+	switch cg := seconds(v.ConfigGuardSeconds, 100*time.Microsecond); {
+	case v.GuardMeasured:
+		guarded = "the measured guard"
+	case cg > 0:
+		guarded = "the " + cg.String() + " guard"
+	}
+	each, all := "", "in all"
+	if v.AccountsWithBacklog != nil { // a per-account vendor
+		each, all = " for each account", "in all, all accounts together"
+	}
+	note("limit %d per %s%s, at most %s with %s; %d granted, %d 429s %s",
+		v.ConfigRate, v.Window, each, perWindow(v.ConfiguredRate, window), guarded, v.GrantedTotal, v.RateLimitedTotal, all)
+	rate := perWindow(v.EffectiveRate, window)
+	switch {
+	case v.RateSource != "" && v.RateReason != "":
+		note("rate %s %s — %s", rate, v.RateSource, v.RateReason)
+	case v.RateSource != "":
+		note("rate %s %s", rate, v.RateSource)
+	}
+	if v.Source != "" && v.Source != "configured" && v.Source != v.RateSource {
+		note("rate %s now, set by: %s", rate, v.Source)
+	}
+	if v.GuardReason != "" {
+		note("guard %s in force — %s", guard, v.GuardReason)
+	}
+	if v.WarmingForSeconds > 0 {
+		note("warming up to the full rate, %s left", seconds(v.WarmingForSeconds, 100*time.Millisecond))
+	}
+	if len(v.ReplicaRates) > 0 {
+		rates := make([]string, len(v.ReplicaRates))
+		for i, r := range v.ReplicaRates {
+			rates[i] = perWindow(r, window)
+		}
+		note("replicas disagree on the configured rate: %s; the lowest applies", strings.Join(rates, ", "))
+	}
+	if v.PausedForSeconds > 0 {
+		note("paused %s (until %s) — %s", seconds(v.PausedForSeconds, time.Second), v.PausedUntil, v.PauseReason)
+	}
+	if v.QueuedHigh > 0 {
+		note("%d of the %d queued calls are in the high lane", v.QueuedHigh, v.Queued)
+	}
+	for _, q := range v.Quotas {
+		next := "now"
+		if q.NextCallSeconds > 0 {
+			next = "in " + seconds(q.NextCallSeconds, time.Second).String()
+		}
+		note("quota %s: %d used, %d left, next call %s", q.Limit, q.Used, q.Left, next)
+	}
+	if t := v.Total; t != nil {
+		tw, _ := time.ParseDuration(t.Window)
+		line := fmt.Sprintf("total %d per %s over all accounts, at most %s with %s", t.Rate, t.Window, perWindow(t.EffectiveRate, tw), guarded)
+		if len(t.Limits) > 0 {
+			line += ", and " + strings.Join(t.Limits, ", ")
+		}
+		note("%s", line)
+	}
+	if v.AccountsWithBacklog != nil {
+		line := fmt.Sprintf("%d account(s) with a backlog", *v.AccountsWithBacklog)
 		for i, a := range v.TopAccounts {
 			sep := ", longest: "
 			if i > 0 {
 				sep = ", "
 			}
-			fmt.Fprintf(w, "%s%s (%s)", sep, a.Account, time.Duration(a.BacklogSeconds*float64(time.Second)).Round(time.Second))
+			line += fmt.Sprintf("%s%s (%s)", sep, a.Account, seconds(a.BacklogSeconds, time.Second))
 		}
-		fmt.Fprintln(w)
-		if a := v.Account; a != nil {
-			fmt.Fprintf(w, "  account %s: rate %.4g/%.4g per %s", a.Account, a.EffectiveRate, a.ConfiguredRate, v.Window)
-			if a.RateSource != "" {
-				fmt.Fprintf(w, " (%s: %s)", a.RateSource, a.RateReason)
-			}
-			fmt.Fprintf(w, ", next tick in %s", time.Duration(a.NextTickSeconds*float64(time.Second)).Round(time.Millisecond))
-			for _, q := range a.Quotas {
-				fmt.Fprintf(w, ", quota %s: %d used, %d left", q.Limit, q.Used, q.Left)
-			}
-			if a.PausedForSeconds > 0 {
-				fmt.Fprintf(w, ", paused %s (%s)", time.Duration(a.PausedForSeconds*float64(time.Second)).Round(time.Second), a.PauseReason)
-			}
-			fmt.Fprintln(w)
-		}
+		note("%s", line)
 	}
+	if a := v.Account; a != nil {
+		aw, _ := time.ParseDuration(a.Window)
+		line := fmt.Sprintf("account %s: rate %s; its own limit %d per %s, at most %s with its guard",
+			a.Account, perWindow(a.EffectiveRate, aw), a.ConfigRate, a.Window, perWindow(a.ConfiguredRate, aw))
+		if a.ShareRate != nil {
+			line += fmt.Sprintf("; its share of the total: at least %s while %d account(s) have a backlog (more while others need less)",
+				perWindow(*a.ShareRate, aw), *v.AccountsWithBacklog)
+		}
+		if a.RateSource != "" {
+			line += fmt.Sprintf("; rate %s — %s", a.RateSource, a.RateReason)
+		}
+		line += fmt.Sprintf("; next tick in %s", seconds(a.NextTickSeconds, time.Millisecond))
+		for _, q := range a.Quotas {
+			line += fmt.Sprintf("; quota %s: %d used, %d left", q.Limit, q.Used, q.Left)
+		}
+		if a.PausedForSeconds > 0 {
+			line += fmt.Sprintf("; paused %s — %s", seconds(a.PausedForSeconds, time.Second), a.PauseReason)
+		}
+		note("%s", line)
+	}
+	return out
 }
 
-// accountStats fills the per-account figures of vendor v.
+// printWrapped prints head and then text wrapped at spaces to statsWidth
+// columns, the lines after the first indented by indent. A word longer
+// than a line is printed whole.
+func printWrapped(w io.Writer, head, text, indent string) {
+	var cur strings.Builder
+	cur.WriteString(head)
+	width := utf8.RuneCountInString(head)
+	fresh := true // nothing but head or indent on the line yet
+	for _, word := range strings.Fields(text) {
+		n := utf8.RuneCountInString(word)
+		switch {
+		case !fresh && width+1+n > statsWidth:
+			fmt.Fprintln(w, cur.String())
+			cur.Reset()
+			cur.WriteString(indent)
+			width = utf8.RuneCountInString(indent)
+		case !fresh:
+			cur.WriteByte(' ')
+			width++
+		}
+		cur.WriteString(word)
+		width += n
+		fresh = false
+	}
+	fmt.Fprintln(w, cur.String())
+}
+
+// accountStats fills the per-account figures of vendor v: its total, the
+// accounts with a backlog and the --account detail.
 func accountStats(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *VendorStats, topN int, account string) error {
-	grp, err := gate.Group(v.Name, v.TotalPolicy())
+	total := v.TotalPolicy()
+	grp, err := gate.Group(v.Name, total)
 	if err != nil {
 		return err
+	}
+	var totalRate float64 // per the total's window, after the guard
+	if total != nil {
+		iv, burst := total.Tick()
+		totalRate = shaper.EffectiveRate(iv, burst, v.Total.Window)
+		vs.Total = &TotalStats{Rate: v.Total.Rate, Window: durations.Format(v.Total.Window), EffectiveRate: round2(totalRate)}
+		for _, l := range v.TotalLimits {
+			vs.Total.Limits = append(vs.Total.Limits, l.String())
+		}
 	}
 	top, n, err := grp.Backlogs(ctx, topN)
 	if err != nil {
@@ -308,7 +486,8 @@ func accountStats(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *V
 	if err := queue.CheckAccount(account); err != nil {
 		return err
 	}
-	b, err := grp.Bucket(account, v.AccountPolicy(account))
+	p := v.AccountPolicy(account)
+	b, err := grp.Bucket(account, p)
 	if err != nil {
 		return err
 	}
@@ -316,8 +495,20 @@ func accountStats(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *V
 	if err != nil {
 		return err
 	}
-	vs.Account = &AccountDetails{Account: account, EffectiveRate: round2(st.EffectiveRate), ConfiguredRate: round2(st.ConfiguredRate),
+	vs.Account = &AccountDetails{Account: account, EffectiveRate: round2(st.EffectiveRate), ConfigRate: p.Limits[0].Rate,
+		ConfiguredRate: round2(st.ConfiguredRate), Window: durations.Format(st.Window),
 		RateSource: st.RateSource, RateReason: st.RateReason, NextTickSeconds: st.NextTick.Seconds(),
 		PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason, Quotas: quotaStats(st.Limits)}
+	if total != nil {
+		share := round2(fairShare(st.EffectiveRate, totalRate*float64(st.Window)/float64(v.Total.Window), n))
+		vs.Account.ShareRate = &share
+	}
 	return nil
+}
+
+// fairShare is the least an account whose own rate is own gets of a total
+// of rate total (both per the same window) while n accounts have a
+// backlog: an even split, or its own rate when that is lower.
+func fairShare(own, total float64, n int64) float64 {
+	return min(own, total/float64(max(n, 1)))
 }
