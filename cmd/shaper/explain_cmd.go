@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/queue"
+)
+
+func newExplainCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "explain TASK_ID",
+		Short: "Say what a call waits for and when it should start, or how it ended",
+		Long: `explain finds a call in the vendors' queues and says what it waits for now:
+its lane and place in it, the limit that binds (a backlog at the effective
+rate, a pause and why, a spent quota, the in-flight cap, a schedule), and
+an estimated start; for a call that ran, when it ended, its answer and its
+retries. Header values and bodies are never shown.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(cmd, func(ctx context.Context, _ *config.Config, _ redis.UniversalClient, c *queue.Client) error {
+				ex, err := c.Explain(ctx, args[0])
+				if errors.Is(err, queue.ErrNoTask) {
+					return fmt.Errorf("%w: check the id (shaper enqueue prints it)", err)
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc := json.NewEncoder(cmd.OutOrStdout())
+					enc.SetIndent("", "  ")
+					return enc.Encode(ex)
+				}
+				printExplanation(cmd.OutOrStdout(), ex, time.Now())
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printExplanation(w io.Writer, ex queue.Explanation, now time.Time) {
+	who := ex.Vendor
+	if ex.Account != "" {
+		who += ", account " + ex.Account
+	}
+	fmt.Fprintf(w, "task %s (%s, %s lane): %s\n", ex.TaskID, who, ex.Lane, ex.State)
+	if ex.Place > 0 {
+		fmt.Fprintf(w, "  place %d in its lane, %d calls start before it\n", ex.Place, ex.Ahead)
+	}
+	fmt.Fprintf(w, "  %s: %s\n", ex.Binding, ex.Reason)
+	if ex.EstimatedStart != nil {
+		fmt.Fprintf(w, "  estimated start: %s (in %s)\n", ex.EstimatedStart.Format(time.RFC3339), max(ex.EstimatedStart.Sub(now), 0).Round(100*time.Millisecond))
+	}
+	if ex.Retried > 0 || ex.LastError != "" {
+		fmt.Fprintf(w, "  retried %d times; last error: %s\n", ex.Retried, ex.LastError)
+	}
+}
