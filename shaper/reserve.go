@@ -209,12 +209,12 @@ end
 
 // reserveKeyNames names the reserve script's KEYS, in order: the
 // script binds each to a local k_<name>, and bucketKeys.reserve returns
-// them in this order (TestReserveScriptBindings keeps the three equal).
+// them in this order (TestScriptBindings keeps the three equal).
 var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "replicas", "epoch", "expiry", "total",
 	"asking", "rates", "slots", "ticks", "counts", "total_counts"}
 
 // reserveArgs are the reserve script's ARGV, in order: the script binds
-// each to a local a_<lua tag> (TestReserveScriptBindings).
+// each to a local a_<lua tag> (TestScriptBindings).
 type reserveArgs struct {
 	Now         int64  `lua:"now"`           // Redis time override (µs; 0: TIME)
 	Interval    int64  `lua:"interval"`      // tick interval (µs) of the caller's policy
