@@ -354,7 +354,7 @@ func idleTable(results []idleResult, version string, vendors, replicas int, wind
 		if ratio > 1.2 {
 			verdict = "misses"
 		}
-		fmt.Fprintf(&b, "\nIssue 10 asks for at most 1.2x plain asynq's Redis commands/s: shaper is at %.2fx, so it %s the bound.\n", ratio, verdict)
+		fmt.Fprintf(&b, "\nThe bound is at most 1.2x plain asynq's Redis commands/s: shaper is at %.2fx, so it %s it.\n", ratio, verdict)
 	}
 	return b.String()
 }

@@ -50,7 +50,7 @@ func main() {
 	ceil := flag.Bool("ceilings", false, "measure the ceilings instead: tasks/s against plain asynq, and the highest rate shaped with 4 replicas")
 	ceilRates := flag.String("ceiling-rates", "1000,2000,3000", "rates tried for the shaping ceiling")
 	overheadOnly := flag.Bool("overhead", false, "measure only the overhead: tasks/s against plain asynq with a vendor that never limits (printed, nothing written)")
-	scale := flag.Bool("scale", false, "measure issue 10's two ratios side by side: tasks/s against plain asynq, and 400 accounts at 5/s with 4 replicas (writes scale.md)")
+	scale := flag.Bool("scale", false, "measure the two scale ratios side by side: tasks/s against plain asynq, and 400 accounts at 5/s with 4 replicas (writes scale.md)")
 	accountsOnly := flag.Bool("accounts", false, "measure only 400 accounts at 5/s each with 4 replicas (printed, nothing written)")
 	serveAccountsN := flag.Int("serve-accounts", 0, "internal: run the per-account vendor of -accounts with this many accounts")
 	serveRate := flag.Int("serve-rate", 5, "internal: calls per second per account for -serve-accounts")
