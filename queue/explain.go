@@ -108,7 +108,7 @@ func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *
 		if info.State == asynq.TaskStateArchived {
 			e.Reason = fmt.Sprintf("failed for good after %d retries: %s", info.Retried, info.LastErr)
 		} else {
-			e.Reason = fmt.Sprintf("completed at %s with HTTP %d after %d retries", e.CompletedAt.Format(time.RFC3339), e.Status, info.Retried)
+			e.Reason = fmt.Sprintf("completed at %s with HTTP %d after %d retries", info.CompletedAt.Format(time.RFC3339), e.Status, info.Retried)
 		}
 		return e, nil
 	case asynq.TaskStateActive:
