@@ -51,7 +51,13 @@ type Stats struct {
 	// PausedFor is the pause remaining, with its reason.
 	PausedFor   time.Duration
 	PauseReason string
-	InFlight    int64
+	// LastPauseUntil and LastPauseReason are the latest pause's end
+	// (Redis time) and reason, kept after it ends (zero: never paused).
+	LastPauseUntil  time.Time
+	LastPauseReason string
+	// At is the Redis time of the read.
+	At       time.Time
+	InFlight int64
 	// Counters since the state was created.
 	Granted  int64 // ticks granted
 	Deferred int64 // reservations deferred (horizon or in-flight cap)
@@ -206,6 +212,10 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 				st.NextTick = max(st.NextTick, u.NextIn)
 			}
 		}
+	}
+	st.At = time.UnixMicro(now)
+	if pu := num("paused_until"); pu > 0 {
+		st.LastPauseUntil, st.LastPauseReason = time.UnixMicro(pu), v["pause_reason"]
 	}
 	if pu := num("paused_until"); pu > now {
 		st.PausedFor = time.Duration(pu-now) * time.Microsecond
