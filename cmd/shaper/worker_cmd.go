@@ -19,13 +19,15 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/metrics"
+	"github.com/shaper-dev/shaper/internal/ui"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
 func newWorkerCmd() *cobra.Command {
-	var metricsAddr string
+	var metricsAddr, uiAddr string
 	var allowEviction bool
+	var page uiFlags
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run the background worker until SIGINT or SIGTERM",
@@ -38,6 +40,12 @@ flight finish (within worker.shutdown_timeout) and the rest go back to the
 queue.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			token := page.tokenOrEnv()
+			if uiAddr != "" {
+				if err := ui.CheckAddr("--ui-addr", uiAddr, token); err != nil {
+					return err
+				}
+			}
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err
@@ -88,16 +96,29 @@ queue.`,
 				}
 				defer stopMetrics() // after the worker has stopped: /healthz answers during the shutdown
 			}
+			applied := func(*config.Config) {}
+			if uiAddr != "" {
+				src := newPageSource(rdb, cfg)
+				defer src.Close()
+				stopPage, err := servePage(uiAddr, "--ui-addr", src, rdb, page, token, log)
+				if err != nil {
+					return err
+				}
+				defer stopPage()
+				applied = src.SetConfig
+			}
 			// SIGHUP asks for a reload; caught for the command's whole run,
 			// so that a SIGHUP during the shutdown cannot end the process.
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
-			return runWorker(ctx, w, cfg, hup, log)
+			return runWorker(ctx, w, cfg, hup, applied, log)
 		},
 	}
 	cmd.Flags().BoolVar(&allowEviction, "allow-eviction", false, "run even when Redis's maxmemory-policy may evict queued calls (allkeys-*)")
+	cmd.Flags().StringVar(&uiAddr, "ui-addr", "", "serve the live page on this address (off by default; see shaper ui)")
+	page.add(cmd)
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address (off by default; :0 picks a free port)")
 	return cmd
 }
@@ -132,13 +153,15 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, allow bool, l
 // returns once both have stopped. The watch stops first, and is waited
 // for, before the worker shuts down: a reload never reaches a worker that
 // is shutting down. If the worker fails to start, the watch stops too.
-func runWorker(ctx context.Context, w *queue.Worker, cfg *config.Config, hup <-chan os.Signal, log *slog.Logger) error {
+// runWorker runs w until ctx ends, applying config edits (applied hears
+// of each one the worker took).
+func runWorker(ctx context.Context, w *queue.Worker, cfg *config.Config, hup <-chan os.Signal, applied func(*config.Config), log *slog.Logger) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	var watch sync.WaitGroup
 	reload := make(chan struct{})
 	watch.Go(func() { forwardReloads(watchCtx, hup, reload, log) })
-	watch.Go(func() { watchConfig(watchCtx, w, cfg, reload, log) })
+	watch.Go(func() { watchConfig(watchCtx, w, cfg, reload, applied, log) })
 
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
@@ -175,7 +198,7 @@ func forwardReloads(ctx context.Context, hup <-chan os.Signal, reload chan<- str
 
 // watchConfig applies edits of the config file (and reload requests) to
 // the running worker until ctx ends.
-func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reload <-chan struct{}, log *slog.Logger) {
+func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reload <-chan struct{}, applied func(*config.Config), log *slog.Logger) {
 	apply := func(next *config.Config) {
 		if next.Redis != cfg.Redis {
 			log.Warn("redis settings changed in the config; they apply when the worker restarts")
@@ -193,6 +216,7 @@ func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reloa
 		for _, n := range notes {
 			log.Info("config change applied", "change", n)
 		}
+		applied(next)
 	}
 	observe := func(e config.WatchEvent) {
 		if e == config.WatchArmed {
