@@ -99,8 +99,8 @@ total = { rate = 10, window = "1s" }
 		resp.Body.Close()
 	}
 	for path, want := range map[string]string{
-		"/vendors/nope":      `no vendor \"nope\" in the config`,
-		"/api/explain/nope":  "no such task",
+		"/vendors/nope":     `no vendor \"nope\" in the config`,
+		"/api/explain/nope": "no such task",
 		"/api/vendors/" + p + "-shop/accounts/bad%20name": "an account name is",
 	} {
 		if code, body := getBody(t, base+path); (code != 404 && code != 400) || !strings.Contains(body, want) || strings.Contains(body, "goroutine") {
