@@ -278,3 +278,48 @@ func TestPageInBrowser(t *testing.T) {
 		t.Errorf("the page logged %d console errors or warnings:\n%s", len(consoleErrors), strings.Join(consoleErrors, "\n"))
 	}
 }
+
+// TestWorkerPageFollowsReloadsAndStops runs `shaper worker --ui-addr` in
+// this process: the page names the configured vendor, names a vendor
+// added by a config edit once the worker applies it, and every goroutine
+// it started (its sampler, its server) ends with the command.
+func TestWorkerPageFollowsReloadsAndStops(t *testing.T) {
+	addr := redistest.Addr(t)
+	vendor := "pagew-" + redistest.Prefix(t)[5:]
+	srv := httptest.NewServer(http.NotFoundHandler()) // never called: nothing is enqueued
+	defer srv.Close()
+	cfg := writeConfig(t, addr, vendor, srv.URL, 10)
+	logs := newLogLines()
+	w := startInProcess(t, logs, "--config", cfg, "--ui-addr", "127.0.0.1:0")
+	logs.wait(t, "worker started", 30*time.Second)
+	logs.wait(t, "watching the config file", 30*time.Second)
+	var base string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "serving the live page") {
+			base = strings.TrimSuffix(logValue(line, "url"), "/")
+		}
+	}
+	if code, body := getBody(t, base+"/"); code != 200 || !strings.Contains(body, `data-vendor="`+vendor+`"`) {
+		t.Fatalf("/ = %d, want 200 naming %s:\n%s", code, vendor, body)
+	}
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := vendor + "-added"
+	b = append(b, []byte(fmt.Sprintf("\n[vendors.%s]\nbase_url = %q\nrate = 3\n", added, srv.URL))...)
+	if err := os.WriteFile(cfg, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 20*time.Second, "the page to name the added vendor", func() bool {
+		code, body := getBody(t, base+"/api/state")
+		return code == 200 && strings.Contains(body, `"vendor":"`+added+`"`)
+	})
+	if err := w.stop(t); err != nil {
+		t.Errorf("worker: %v", err)
+	}
+	if resp, err := http.Get(base + "/"); err == nil {
+		resp.Body.Close()
+		t.Errorf("the page answers %d after the worker stopped", resp.StatusCode)
+	}
+}
