@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test test-race test-long bench bench-idle bench-learn lint fuzz faults
+.PHONY: test test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
 
 # Every guarantee (G1-G8) on a real Redis, without the race detector (make
 # test-race runs the same under it): 5m28s from a cold build
@@ -70,6 +70,11 @@ bench-learn:
 # CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).
 bench-idle:
 	$(GO) run ./bench -idle -out docs
+
+# docs/ui.png: the live page of a real worker in headless Chromium,
+# taken by TestPageInBrowser while calls go out and a 429 pauses them.
+ui-screenshot:
+	SHAPER_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -run '^TestPageInBrowser$$' -v ./cmd/shaper
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
