@@ -107,6 +107,10 @@ total = { rate = 10, window = "1s" }
 			t.Errorf("%s = %d %s, want 404/400 with %q", path, code, body, want)
 		}
 	}
+	code, body = getBody(t, base+"/api/vendors/"+p+"-shop/accounts/store-1")
+	if code != 200 || !strings.Contains(body, `"account":{"account":"store-1"`) || !strings.Contains(body, `"share_rate":`) {
+		t.Errorf("one account's view = %d, want store-1's rate and share of the total:\n%s", code, body)
+	}
 	o, err := runShaper(t, "", "ui", "--config", cfg, "--addr", "0.0.0.0:0")
 	if err == nil || !strings.Contains(o, "--addr 0.0.0.0:0 is not a loopback address") || !strings.Contains(o, "--ui-token") {
 		t.Errorf("ui on 0.0.0.0 without a token: %v\n%s", err, o)
