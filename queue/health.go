@@ -9,13 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// healthEvery is how often a running worker pings Redis.
-const healthEvery = time.Second
 
 // redisHealth is what a worker knows of its Redis: whether it is down
 // (a ping or an operation found it unavailable, and no ping has worked
@@ -26,9 +22,19 @@ type redisHealth struct {
 	down     atomic.Bool // read without mu; written with it
 	heldBack atomic.Int64
 
-	mu    sync.Mutex
-	since time.Time     // when it went down
-	up    chan struct{} // closed when it answers again; nil while up
+	mu      sync.Mutex
+	since   time.Time     // when it went down
+	up      chan struct{} // closed when it answers again; nil while up
+	upSince time.Time     // Redis time of the first answer since it last went down (zero: none yet)
+}
+
+// answering returns since when (Redis time) Redis has answered without
+// a failure in between, and false while it is down or has not answered
+// yet.
+func (h *redisHealth) answering() (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.upSince, !h.down.Load() && !h.upSince.IsZero()
 }
 
 // failed records that Redis did not answer; the first failure of an
@@ -40,14 +46,18 @@ func (h *redisHealth) failed(err error) {
 		return
 	}
 	h.down.Store(true)
-	h.since, h.up = time.Now(), make(chan struct{})
+	h.since, h.up, h.upSince = time.Now(), make(chan struct{}), time.Time{}
 	h.log.Error("Redis does not answer: calls wait for it (nothing is lost, no retry is used); warnings about it are held back until it answers", "err", err)
 }
 
-// answered records that Redis answered; the end of an outage is logged.
-func (h *redisHealth) answered() {
+// answered records that Redis answered at Redis time now; the end of an
+// outage is logged.
+func (h *redisHealth) answered(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.upSince.IsZero() {
+		h.upSince = now
+	}
 	if !h.down.Load() {
 		return
 	}
@@ -91,20 +101,24 @@ func (h *redisHealth) quiet(err error) bool {
 	return true
 }
 
-// watchRedis pings Redis every healthEvery until ctx ends, so that the end
-// of an outage (and one that no operation met) is seen and logged. Calls
-// wait meanwhile (see asDeferral); nothing is lost.
-func watchRedis(ctx context.Context, rdb redis.UniversalClient, h *redisHealth) {
-	t := time.NewTicker(healthEvery)
+// watchRedis tells Redis this worker is alive every aliveEvery until ctx
+// ends (shaper.Gate.Alive: its heartbeat, which the other workers read to
+// tell a dead worker, see recover.go, and its Redis health check), so
+// that the end of an outage (and one that no operation met) is seen and
+// logged. Calls wait meanwhile (see asDeferral); nothing is lost. On the
+// way out it takes the worker out of the live set: it stopped, it did
+// not die.
+func watchRedis(ctx context.Context, gate *shaper.Gate, h *redisHealth) {
+	defer func() {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = gate.Leave(lctx)
+	}()
+	t := time.NewTicker(aliveEvery)
 	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, healthEvery)
-		err := rdb.Ping(pctx).Err()
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		now, err := gate.Alive(pctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -112,7 +126,12 @@ func watchRedis(ctx context.Context, rdb redis.UniversalClient, h *redisHealth) 
 		case err != nil:
 			h.failed(err)
 		default:
-			h.answered()
+			h.answered(now)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

@@ -332,7 +332,13 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gate.Watch(ctx) })
-	wg.Go(func() { watchRedis(ctx, w.rdb, &w.health) })
+	// The heartbeat lasts until every call has finished or gone back to
+	// the queue (after the shutdown below): a worker finishing its calls
+	// is not dead to the others.
+	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAlive()
+	wg.Go(func() { watchRedis(aliveCtx, w.gate, &w.health) })
+	wg.Go(func() { w.recoverDead(ctx, w.health.answering) })
 	problems := newProblemLog(w.log, &w.health)
 	ww := &workWatch{}
 	_, err := w.pollWork(ctx, ww) // the baseline, before the first sweep
@@ -393,6 +399,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(w.stopped)
 	w.mu.Unlock()
 	w.shutdown(w.runtimes(nil))
+	stopAlive()
 	wg.Wait()
 	if w.transport != nil {
 		w.transport.CloseIdleConnections() // their goroutines end with Run

@@ -59,6 +59,11 @@ type Request struct {
 	Lane Lane
 	// MaxWait bounds the wait, as for AcquireWithin (0: no bound).
 	MaxWait time.Duration
+	// Holder, when set, names the call (the queue sets its task) in the
+	// gate's record of who holds which call until its tick, in the same
+	// round trip as the grant: when this replica dies, another can tell
+	// its calls that never started (Control.HeldBy).
+	Holder string
 }
 
 // ErrCost is returned for a cost no limit of the bucket can admit.

@@ -77,6 +77,12 @@ type bucketKeys struct {
 	// countersLua), and totalCounts the group's, of its total's limits.
 	counts      string
 	totalCounts string
+	// held is a sorted set of the calls granted a tick that name a
+	// holder (Request.Holder), member "replica|holder", scored by the
+	// tick (µs); entries leave it heldKeep after their tick. Read when a
+	// replica dies (HeldBy): its calls whose tick it did not live to see
+	// never started.
+	held string
 }
 
 func keysOf(prefix, group, bucket string) bucketKeys {
@@ -89,7 +95,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
-		counts: b("counts"), totalCounts: g("total_counts"),
+		counts: b("counts"), totalCounts: g("total_counts"), held: g("held"),
 	}
 }
 
@@ -97,7 +103,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 // reserveKeyNames.
 func (k bucketKeys) reserve() []string {
 	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates,
-		k.slots, k.ticks, k.counts, k.totalCounts}
+		k.slots, k.ticks, k.counts, k.totalCounts, k.held}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.

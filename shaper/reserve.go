@@ -211,7 +211,7 @@ end
 // script binds each to a local k_<name>, and bucketKeys.reserve returns
 // them in this order (TestScriptBindings keeps the three equal).
 var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "replicas", "epoch", "expiry", "total",
-	"asking", "rates", "slots", "ticks", "counts", "total_counts"}
+	"asking", "rates", "slots", "ticks", "counts", "total_counts", "held"}
 
 // reserveArgs are the reserve script's ARGV, in order: the script binds
 // each to a local a_<lua tag> (TestScriptBindings).
@@ -250,6 +250,8 @@ type reserveArgs struct {
 	TotalLimits   string  `lua:"total_limits"` // the total's limits (limitSpec; "" without one)
 	Recheck       int64   `lua:"recheck"`      // quiet time (µs) before a learned rate probes toward est_hi (Adapt.Recheck windows)
 	Ceiling       float64 `lua:"ceiling"`      // see raiseLua (Adapt.Ceiling)
+	Holder        string  `lua:"holder"`       // who holds the call until its tick (Request.Holder; "": no record)
+	HeldKeep      int64   `lua:"held_keep"`    // µs a held record outlives its tick
 }
 
 // argv returns the arguments in the order of the struct's fields.
@@ -261,7 +263,7 @@ func (a reserveArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
 		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
 		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
-		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling}
+		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Holder, a.HeldKeep}
 }
 
 // reserveScript reserves the next tick of one call, of its bucket and of
@@ -545,6 +547,7 @@ local k_slots = KEYS[11]
 local k_ticks = KEYS[12]
 local k_counts = KEYS[13]
 local k_total_counts = KEYS[14]
+local k_held = KEYS[15]
 
 local a_now = tonumber(ARGV[1])
 local a_interval = ARGV[2]
@@ -579,6 +582,8 @@ local a_limits = ARGV[30]
 local a_total_limits = ARGV[31]
 local a_recheck = tonumber(ARGV[32])
 local a_ceiling = tonumber(ARGV[33])
+local a_holder = ARGV[34]
+local a_held_keep = tonumber(ARGV[35])
 
 local now = redis_now(a_now)
 local tiv = a_total_interval
@@ -821,6 +826,12 @@ if tiv > 0 then
   for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
   if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
 end
+-- 10. Who holds the call until its tick (see HeldBy).
+if a_holder ~= '' then
+  redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder)
+  redis.call('ZREMRANGEBYSCORE', k_held, '-inf', '(' .. fmt(now - a_held_keep))
+  extend(k_held, tick + a_held_keep, now)
+end
 count(k_stats, 'granted', now)
 return {1, tick - now, 0, tick, tonumber(ctl[5]) or 0}
 `
@@ -861,6 +872,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 		Rate: cfg, RaiseStep: ra.Step, Quiet: ra.Quiet, Probe: ra.Probe, Recheck: ra.Recheck, Ceiling: ra.Ceiling,
 		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
 		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,
+		Holder: req.Holder, HeldKeep: heldKeep.Microseconds(),
 	}
 	if t := b.total; t != nil {
 		args.TotalInterval, args.TotalBurst, args.TotalSpan, args.TotalRate = t.interval.Microseconds(), t.burst, t.span.Microseconds(), t.rate

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/vendorsim"
+	"github.com/shaper-dev/shaper/internal/windows"
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// soakFault is what the soak scenario does to Redis at 12 s: restart it
+// (SIGKILL, 3 s down, started again with its append-only file) or fail it
+// over (SIGKILL the Sentinel master; a sentinel promotes the replica).
+type soakFault struct {
+	name   string
+	redis  string           // the [redis] table's lines
+	addr   string           // the Redis to inspect after the run (the master at the end)
+	strike func() time.Time // the fault; returns when Redis answers again
+	master func() string    // the master's address once the fault is over
+}
+
+// TestLongFaultSoakRestart and TestLongFaultSoakFailover run the combined
+// faults of a busy deployment: 3 workers, 3,000 calls at 100/s to a
+// fixed-window vendor; one worker SIGKILLed at 5 s and started again 3 s
+// later; Redis restarted with its data at 12 s (3 s down), or its master
+// failed over to a replica; the rate edited from 100 to 60 at 20 s. They
+// assert safety: every call done and keyed, 0 429s, at most 100 calls per
+// vendor window before the edit and 60 per (guard-shortened) second from
+// a second after it. The time to drain and the calls per second at the
+// vendor are logged (wall clock: measured, not asserted; results.md has
+// them).
+func TestLongFaultSoakRestart(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel() // waits out faults; runs beside the other fault scenarios
+	rs := redistest.StartDurable(t)
+	soak(t, soakFault{
+		name:  "Redis restart",
+		redis: fmt.Sprintf("addr = %q\n", rs.Addr),
+		addr:  rs.Addr,
+		strike: func() time.Time {
+			rs.Kill()
+			time.Sleep(3 * time.Second)
+			if err := rs.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			return time.Now()
+		},
+		master: func() string { return rs.Addr },
+	})
+}
+
+func TestLongFaultSoakFailover(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	s := redistest.StartSentinels(t)
+	soak(t, soakFault{
+		name:  "Sentinel failover",
+		redis: fmt.Sprintf("addr = %q\nmaster_name = %q\n", strings.Join(s.Addrs, ","), s.MasterName),
+		strike: func() time.Time {
+			s.Master.Kill()
+			return s.WaitFailover(t, 30*time.Second)
+		},
+		master: func() string {
+			a, err := s.MasterAddr()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
+	})
+}
+
+func soak(t *testing.T, f soakFault) {
+	t.Helper()
+	const n, rate, lowered = 3000, 100, 60
+	vend := &vendorsim.Vendor{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	vendor := "soak" + redistest.Prefix(t)[5:]
+	cfg := writeConfigRedis(t, f.redis, vendor, srv.URL, rate)
+	if out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	victim, _ := startWorker(t, cfg)
+	startWorker(t, cfg)
+	startWorker(t, cfg)
+	start := time.Now()
+	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
+
+	at(5 * time.Second)
+	if err := victim.Process.Kill(); err != nil { // SIGKILL
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+	at(8 * time.Second)
+	startWorker(t, cfg)
+	at(12 * time.Second)
+	struck := time.Now()
+	back := f.strike()
+	at(20 * time.Second)
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, cfg, strings.Replace(string(b), fmt.Sprintf("rate = %d\n", rate), fmt.Sprintf("rate = %d\n", lowered), 1))
+	edited := time.Now()
+	waitUntil(t, 4*time.Minute, "every call to reach the vendor", func() bool { return vend.Summarize().DistinctKeys == n })
+	done := time.Now()
+
+	ts := requestTimes(vend)
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	t.Logf("%s: calls per second at the vendor from the start (worker killed at 5 s, started at 8 s; Redis struck at %.1fs, answering at %.1fs; rate %d -> %d at %.1fs; done at %.1fs): %v",
+		f.name, struck.Sub(start).Seconds(), back.Sub(start).Seconds(), rate, lowered, edited.Sub(start).Seconds(), done.Sub(start).Seconds(), perSecond(ts, start))
+	first := time.Duration(-1)
+	for _, x := range ts {
+		if x.After(back) {
+			first = x.Sub(back)
+			break
+		}
+	}
+	t.Logf("%s: all %d calls done %.1fs after the start; first call %s after Redis answered again, back at >= 90 calls/s %s after it; longest gap between calls %s (at %.1fs)",
+		f.name, n, done.Sub(start).Seconds(), first.Round(time.Millisecond), backAtRate(ts, back, 90).Round(time.Millisecond),
+		longestGap(ts).gap.Round(time.Millisecond), longestGap(ts).at.Sub(start).Seconds())
+	s := vend.Summarize()
+	if s.DistinctKeys != n || s.RateLimited != 0 {
+		t.Errorf("%d of %d calls reached the vendor, %d 429s; want all, none", s.DistinctKeys, n, s.RateLimited)
+	}
+	var before, after []time.Time
+	for _, x := range ts {
+		switch {
+		case x.Before(edited):
+			before = append(before, x)
+		case x.After(edited.Add(time.Second)):
+			after = append(after, x)
+		}
+	}
+	short := time.Second - shaper.DefaultGuard
+	mb, ma := windows.MaxSliding(before, short), windows.MaxSliding(after, short)
+	t.Logf("%s: %d duplicate successes (same Idempotency-Key); most %d per vendor window, %d per sliding %s before the edit and %d from a second after it",
+		f.name, s.DuplicateKeys, s.MaxPerWindow, mb, short, ma)
+	if s.MaxPerWindow > rate || mb > rate || ma > lowered {
+		t.Errorf("G1: %d per vendor window, %d per sliding %s before the edit (limit %d), %d after (limit %d)", s.MaxPerWindow, mb, short, rate, ma, lowered)
+	}
+	// What is still held once every call reached the vendor: calls whose
+	// end asynq has yet to record.
+	rdb := redis.NewClient(&redis.Options{Addr: f.master()})
+	defer rdb.Close()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	if qi, err := insp.GetQueueInfo(queue.QueueName(vendor)); err == nil {
+		t.Logf("%s: queue at the end: %d active, %d pending, %d retry, %d scheduled, %d archived, %d completed",
+			f.name, qi.Active, qi.Pending, qi.Retry, qi.Scheduled, qi.Archived, qi.Completed)
+	} else {
+		t.Logf("%s: queue info: %v", f.name, err)
+	}
+}
+
+// gapAt is the longest gap between calls and when it began.
+type gapAt struct {
+	gap time.Duration
+	at  time.Time
+}
+
+func longestGap(ts []time.Time) gapAt {
+	var g gapAt
+	for i := 1; i < len(ts); i++ {
+		if d := ts[i].Sub(ts[i-1]); d > g.gap {
+			g = gapAt{d, ts[i-1]}
+		}
+	}
+	return g
+}

@@ -1,0 +1,182 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// A worker that dies holds calls in asynq's active set under a lease
+// that nobody renews: asynq gives them back once the lease is 30 s past
+// due, in a recoverer that runs every minute (asynq v0.26 recoverer.go),
+// 1-2 minutes after the death. Most of them are calls waiting for their
+// tick, which never started. Here the live workers give those back in
+// seconds:
+//
+//   - Every worker says it is alive every aliveEvery (shaper.Gate.Alive,
+//     its Redis health check: one round trip); one silent for deadAfter
+//     is dead to the others.
+//   - Every grant of a tick records who holds the call until then, in
+//     the same round trip (shaper.Request.Holder: the task's queue and
+//     id, scored by the tick).
+//   - A worker that lived to see its last heartbeat L sends a call no
+//     sooner than its tick, and would have said it is alive again by
+//     L+aliveEvery: a call whose tick is after L+startedWithin never
+//     started. Those go back to their queue at once (requeueScript); the
+//     others may be at the vendor and wait for asynq's lease, as before,
+//     and are sent again with the same Idempotency-Key if asynq's
+//     recoverer finds them unfinished.
+//
+// A worker that was not dead but stalled (a heartbeat late by more than
+// deadAfter while it went on sending) sends such a call at its tick as
+// well: the call then goes out twice, on two ticks (G1 holds), with the
+// same Idempotency-Key (at least once).
+const (
+	aliveEvery    = 250 * time.Millisecond
+	deadAfter     = 3 * time.Second
+	startedWithin = 2 * aliveEvery
+	// recoverEvery is how often a worker looks for dead ones.
+	recoverEvery = time.Second
+)
+
+// requeueScript puts a task a dead worker held back at the head of its
+// queue, as asynq's own Requeue does (asynq v0.26 internal/rdb
+// requeueCmd: the same keys and writes; TestRequeueHeldTask pins them
+// against asynq's Inspector and server): out of the active list and the
+// lease set, onto the pending list's dequeue end, state pending. A task
+// no longer active (finished, or already given back) is left alone.
+//
+// KEYS[1] asynq:{queue}:active, KEYS[2] asynq:{queue}:lease,
+// KEYS[3] asynq:{queue}:pending, KEYS[4] asynq:{queue}:t:<id>.
+// ARGV[1] the task id.
+// Returns 1 when the task went back, 0 when it was not active.
+var requeueScript = redis.NewScript(`
+local k_active = KEYS[1]
+local k_lease = KEYS[2]
+local k_pending = KEYS[3]
+local k_task = KEYS[4]
+local a_id = ARGV[1]
+if redis.call('LREM', k_active, 0, a_id) == 0 then return 0 end
+redis.call('ZREM', k_lease, a_id)
+redis.call('RPUSH', k_pending, a_id)
+redis.call('HSET', k_task, 'state', 'pending')
+return 1
+`)
+
+// asynqKeys are asynq v0.26's keys of a task in queue q (internal/base).
+func asynqKeys(q, id string) []string {
+	p := "asynq:{" + q + "}:"
+	return []string{p + "active", p + "lease", p + "pending", p + "t:" + id}
+}
+
+// holderOf names the call of a handler's ctx in the gate's record of held
+// calls: "queue|task id".
+func holderOf(ctx context.Context) string {
+	q, ok1 := asynq.GetQueueName(ctx)
+	id, ok2 := asynq.GetTaskID(ctx)
+	if !ok1 || !ok2 {
+		return ""
+	}
+	return q + "|" + id
+}
+
+// requeueHeld puts task holder ("queue|id") back in its queue; it
+// reports whether it was still active.
+func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string) (bool, error) {
+	q, id, ok := strings.Cut(holder, "|")
+	if !ok {
+		return false, nil
+	}
+	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id).Int()
+	return n == 1, err
+}
+
+// recoverDead looks for dead workers every recoverEvery until ctx ends
+// and gives back their calls that never started (see above).
+func (w *Worker) recoverDead(ctx context.Context, up func() (time.Time, bool)) {
+	t := time.NewTicker(recoverEvery)
+	defer t.Stop()
+	swept := map[string]time.Time{} // dead replica -> its last heartbeat, swept
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		since, ok := up()
+		if !ok {
+			continue
+		}
+		now, err := w.gate.Alive(ctx) // Redis time, and this worker is alive
+		if err != nil {
+			continue
+		}
+		// After an outage every worker was silent: judge others only once
+		// this one has been heard for deadAfter.
+		if now.Sub(since) < deadAfter {
+			continue
+		}
+		silent, err := w.gate.Silent(ctx, now, deadAfter)
+		if err != nil {
+			continue
+		}
+		seen := make(map[string]bool, len(silent))
+		for _, s := range silent {
+			seen[s.Replica] = true
+			if last, done := swept[s.Replica]; done && last.Equal(s.LastSeen) {
+				continue
+			}
+			swept[s.Replica] = s.LastSeen
+			w.giveBack(ctx, s, now)
+		}
+		for r := range swept {
+			if !seen[r] { // forgotten, or alive again
+				delete(swept, r)
+			}
+		}
+	}
+}
+
+// giveBack requeues dead replica s's calls whose tick came after it
+// could last have sent one, in every vendor of this worker.
+func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) {
+	after := s.LastSeen.Add(startedWithin)
+	back, gone := 0, 0
+	for _, rt := range w.runtimes(nil) {
+		ctl := rt.bucket().Control()
+		held, err := ctl.HeldBy(ctx, s.Replica, after)
+		if err != nil {
+			w.log.Warn("could not read a dead worker's calls; they come back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
+			continue
+		}
+		var done []string
+		for _, h := range held {
+			ok, err := requeueHeld(ctx, w.rdb, h)
+			if err != nil {
+				w.log.Warn("could not give a dead worker's call back to its queue; it comes back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
+				break
+			}
+			done = append(done, h)
+			if ok {
+				back++
+			} else {
+				gone++
+			}
+		}
+		if err := ctl.Release(ctx, s.Replica, done...); err != nil {
+			w.log.Debug("could not release a dead worker's held calls", "vendor", rt.vendor.Name, "err", err)
+		}
+	}
+	if back > 0 {
+		w.log.Info(fmt.Sprintf("a worker went silent %s ago: %d of its calls that had not started are back in their queues (calls that may have started come back when asynq's lease expires)",
+			now.Sub(s.LastSeen).Round(100*time.Millisecond), back), "worker", s.Replica, "last_seen", s.LastSeen.UTC().Format(time.RFC3339Nano))
+	} else {
+		w.log.Debug("a worker went silent; none of its calls waited for a tick", "worker", s.Replica, "finished_or_taken", gone)
+	}
+}

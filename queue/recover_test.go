@@ -1,0 +1,72 @@
+package queue
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestRequeueHeldTask pins what requeueScript assumes of asynq v0.26's
+// keys: a task an asynq server holds (active, under a lease) goes back to
+// pending as asynq's Inspector sees it, and asynq's server runs it again;
+// a task no longer active is left alone. It fails when asynq changes the
+// layout of its keys.
+func TestRequeueHeldTask(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := "requeue-" + redistest.Prefix(t)[5:]
+	ac := asynq.NewClientFromRedisClient(rdb)
+	if _, err := ac.Enqueue(asynq.NewTask("held", nil), asynq.Queue(q), asynq.TaskID("t1")); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	holding := make(chan string, 1)
+	release := make(chan struct{})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 2, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
+	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		if runs.Add(1) == 1 {
+			holding <- holderOf(ctx)
+			<-release // the dead worker's handler: it never returns in time
+		}
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	var holder string
+	select {
+	case holder = <-holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("asynq did not run the task")
+	}
+	if holder != q+"|t1" {
+		t.Fatalf("holderOf = %q, want %q", holder, q+"|t1")
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	if info, err := insp.GetTaskInfo(q, "t1"); err != nil || info.State != asynq.TaskStateActive {
+		t.Fatalf("before: %+v %v, want active", info, err)
+	}
+	ctx := context.Background()
+	// The first run still holds its copy (a dead worker's); the second
+	// slot of the server takes the task back from pending.
+	ok, err := requeueHeld(ctx, rdb, holder)
+	if err != nil || !ok {
+		t.Fatalf("requeueHeld = %v, %v; want true", ok, err)
+	}
+	if leased, err := rdb.ZScore(ctx, "asynq:{"+q+"}:lease", "t1").Result(); err == nil {
+		t.Errorf("the task keeps its lease (%v)", leased)
+	}
+	waitFor(t, 30*time.Second, "asynq's server to run the task again", func() bool { return runs.Load() >= 2 })
+	close(release)
+	waitFor(t, 30*time.Second, "the task to be done", func() bool {
+		info, err := insp.GetTaskInfo(q, "t1")
+		return err != nil || info.State == asynq.TaskStateCompleted
+	})
+	if ok, err := requeueHeld(ctx, rdb, holder); err != nil || ok {
+		t.Errorf("requeueHeld of a task no longer active = %v, %v; want false", ok, err)
+	}
+}
