@@ -12,7 +12,6 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-
 // redisHealth is what a worker knows of its Redis: whether it is down
 // (a ping or an operation found it unavailable, and no ping has worked
 // since), and how many warnings were held back meanwhile (asynq logs
