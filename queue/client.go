@@ -609,34 +609,73 @@ type QueueStats struct {
 	// HighPending counts the pending calls of the high lane (in Pending
 	// too); Active and Retry count both lanes.
 	HighPending int64
+	// Stalled counts the active calls (both lanes) whose lease no worker
+	// renewed for over StallAfter: their worker died or lost Redis, and
+	// asynq gives them back only once the lease is 30 s past due (1-2
+	// minutes); StalledFor is the longest since a renewal.
+	Stalled    int64
+	StalledFor time.Duration
 }
 
-// QueueStats reads a vendor's queue: one round trip, and one more for the
-// age of the oldest pending call when there is one.
+// StallAfter is how long an active call's lease goes without a renewal
+// before the call counts as stalled: asynq renews the leases of a live
+// worker's calls every 5 s, for 30 s (asynq v0.26 heartbeat.go,
+// rdb.LeaseDuration).
+const StallAfter = 10 * time.Second
+
+// asynqLease is asynq v0.26's lease duration (rdb.LeaseDuration): a
+// lease's score (Unix seconds) is its last renewal plus this.
+const asynqLease = 30 * time.Second
+
+// QueueStats reads a vendor's queue, its stalled calls included: one
+// round trip, and one more for the age of the oldest pending call when
+// there is one.
 func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, error) {
 	return c.queueStats(ctx, vendor, true)
 }
 
 func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool) (QueueStats, error) {
+	return readQueueStats(ctx, c.rdb, vendor, withOldest)
+}
+
+// readQueueStats reads vendor's queues (both lanes); withOldest adds the
+// age of the oldest pending call and the stalled calls.
+func readQueueStats(ctx context.Context, rdb redis.UniversalClient, vendor string, withOldest bool) (QueueStats, error) {
 	key := func(name string) string { return queueKey(vendor, name) }
 	hkey := func(name string) string { return highQueueKey(vendor, name) }
-	pipe := c.rdb.Pipeline()
+	pipe := rdb.Pipeline()
 	pending := pipe.LLen(ctx, key("pending"))
 	active := pipe.LLen(ctx, key("active"))
 	scheduled := pipe.ZCard(ctx, key("scheduled"))
 	retry := pipe.ZCard(ctx, key("retry"))
 	hpending, hactive, hretry := pipe.LLen(ctx, hkey("pending")), pipe.LLen(ctx, hkey("active")), pipe.ZCard(ctx, hkey("retry"))
 	var oldest *redis.StringCmd
+	var leases []*redis.ZSliceCmd
+	stale := strconv.FormatInt(time.Now().Add(asynqLease-StallAfter).Unix(), 10)
+	var stalled []*redis.IntCmd
 	if withOldest {
 		oldest = pipe.LIndex(ctx, key("pending"), -1)
+		for _, k := range []string{key("lease"), hkey("lease")} {
+			leases = append(leases, pipe.ZRangeWithScores(ctx, k, 0, 0))
+			stalled = append(stalled, pipe.ZCount(ctx, k, "-inf", "("+stale))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return QueueStats{}, fmt.Errorf("queue: count %s's queue: %w", vendor, err)
 	}
 	st := QueueStats{Pending: pending.Val() + hpending.Val(), Active: active.Val() + hactive.Val(), Scheduled: scheduled.Val(),
 		Retry: retry.Val() + hretry.Val(), HighPending: hpending.Val()}
+	for i := range leases {
+		st.Stalled += stalled[i].Val()
+		if z := leases[i].Val(); len(z) == 1 {
+			renewed := time.Unix(int64(z[0].Score), 0).Add(-asynqLease)
+			if d := time.Since(renewed); d > StallAfter {
+				st.StalledFor = max(st.StalledFor, d.Truncate(time.Second))
+			}
+		}
+	}
 	if oldest != nil && oldest.Val() != "" {
-		if ns, err := c.rdb.HGet(ctx, key("t:"+oldest.Val()), "pending_since").Int64(); err == nil && ns > 0 {
+		if ns, err := rdb.HGet(ctx, key("t:"+oldest.Val()), "pending_since").Int64(); err == nil && ns > 0 {
 			st.Oldest = max(time.Since(time.Unix(0, ns)), 0)
 		}
 	}

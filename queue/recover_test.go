@@ -2,12 +2,16 @@ package queue
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
@@ -68,5 +72,68 @@ func TestRequeueHeldTask(t *testing.T) {
 	})
 	if ok, err := requeueHeld(ctx, rdb, holder); err != nil || ok {
 		t.Errorf("requeueHeld of a task no longer active = %v, %v; want false", ok, err)
+	}
+}
+
+// TestStalledCalls: a call whose lease nobody renewed for over
+// StallAfter (a dead worker's, asynq's lease backdated as the passing
+// time would) counts as stalled in QueueStats, with how long; a call
+// under a renewed lease does not. stallLog says a stall once and its end
+// once.
+func TestStalledCalls(t *testing.T) {
+	e := newEnv(t)
+	rdb := e.rdb()
+	vendor := "stall-" + e.prefix[5:]
+	q := QueueName(vendor)
+	ac := asynq.NewClientFromRedisClient(rdb)
+	if _, err := ac.Enqueue(asynq.NewTask("held", nil), asynq.Queue(q), asynq.TaskID("s1")); err != nil {
+		t.Fatal(err)
+	}
+	holding := make(chan struct{}, 1)
+	release := make(chan struct{})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 1, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		holding <- struct{}{}
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	defer close(release) // before the shutdown, which waits for the handler
+	<-holding
+	ctx := context.Background()
+	qs, err := readQueueStats(ctx, rdb, vendor, true)
+	if err != nil || qs.Active != 1 || qs.Stalled != 0 {
+		t.Fatalf("a live worker's call: %+v %v, want 1 active, 0 stalled", qs, err)
+	}
+	// Backdate the lease to a renewal 40 s ago; the server's heartbeat
+	// renews it every 5 s, so read at once (and try again if it won).
+	for try := 0; ; try++ {
+		last := time.Now().Add(-40 * time.Second)
+		if err := rdb.ZAddXX(ctx, "asynq:{"+q+"}:lease", redis.Z{Score: float64(last.Add(asynqLease).Unix()), Member: "s1"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		qs, err = readQueueStats(ctx, rdb, vendor, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qs.Stalled == 1 && qs.StalledFor >= 39*time.Second && qs.StalledFor <= 42*time.Second {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("a call whose lease was renewed 40 s ago: %+v, want 1 stalled for about 40 s", qs)
+		}
+	}
+	var logs logtest.Buffer
+	s := stallLog{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	for range 3 {
+		s.check(qs)
+	}
+	s.check(QueueStats{})
+	s.check(QueueStats{})
+	if out := logs.String(); strings.Count(out, "calls are stalled") != 1 || strings.Count(out, "no call is stalled") != 1 ||
+		!strings.Contains(out, "1 calls are stalled") {
+		t.Errorf("stall log:\n%s\nwant the stall once and its end once", out)
 	}
 }

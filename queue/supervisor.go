@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,7 +32,8 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name), &w.health)
 	waits := &waitLog{log: w.log.With("vendor", rt.vendor.Name, "queue", rt.queue), maxWait: w.cfg.MaxWait,
 		back: time.Second + rt.vendor.forwardEvery()}
-	var last, counted, idleSince time.Time
+	var last, counted, idleSince, stallChecked time.Time
+	stalls := stallLog{log: w.log.With("vendor", rt.vendor.Name)}
 	for {
 		select {
 		case <-ctx.Done():
@@ -55,6 +58,12 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 				}
 			}
 		}
+		if time.Since(stallChecked) >= stallCheckEvery {
+			stallChecked = time.Now()
+			if qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, true); err == nil {
+				stalls.check(qs)
+			}
+		}
 		if !rt.pausedHere.Load() {
 			waits.running(time.Now())
 			if time.Since(last) < supervisorIdleEvery {
@@ -65,6 +74,30 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		if err := w.superviseOnce(ctx, rt, problems, waits); err != nil && ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// stallCheckEvery is how often a vendor's supervisor looks for stalled
+// calls (QueueStats.Stalled).
+const stallCheckEvery = 5 * time.Second
+
+// stallLog says once when a vendor's queue has stalled calls (active
+// under a lease nobody renews: a worker died or lost Redis), and once
+// when it has none again.
+type stallLog struct {
+	log     *slog.Logger
+	stalled bool
+}
+
+func (s *stallLog) check(qs QueueStats) {
+	switch {
+	case qs.Stalled > 0 && !s.stalled:
+		s.stalled = true
+		s.log.Warn(fmt.Sprintf("%d calls are stalled: a worker holds them and has not renewed their lease for %s (it died, or lost Redis); they may have started, and asynq gives them back once their lease is 30 s past due (up to 2 minutes), sent again with the same Idempotency-Key",
+			qs.Stalled, qs.StalledFor), "stalled", qs.Stalled, "for", qs.StalledFor)
+	case qs.Stalled == 0 && s.stalled:
+		s.stalled = false
+		s.log.Info("no call is stalled any more")
 	}
 }
 

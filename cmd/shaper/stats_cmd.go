@@ -101,7 +101,7 @@ var statsLegend = [][2]string{
 	{"RATE", "calls per window the gate grants now, all replicas together (below: why, if not LIMIT's)"},
 	{"LIMIT", "the vendor's rate as the config has it; the guard spaces the ticks a little wider (below)"},
 	{"QUEUED", "calls waiting in the vendor's queue (both lanes)"},
-	{"IN FLIGHT", "calls a worker holds: waiting for their tick, or calling"},
+	{"IN FLIGHT", "calls a worker holds: waiting for their tick, or calling (stalled ones, whose worker stopped renewing them, are said below)"},
 	{"REQUEUED", "calls sent back to the queue to wait their turn: a tick beyond max_wait or a 429 (not " +
 		"failures), or a failed call (5xx, timeout) waiting for its retry"},
 	{"GRANTED", "ticks granted in about the last 60 s: this clock minute's count plus the previous " +
@@ -205,6 +205,10 @@ func vendorNotes(v VendorStats) []string {
 	}
 	if v.PausedForSeconds > 0 {
 		note("paused %s (until %s) — %s", seconds(v.PausedForSeconds, time.Second), v.PausedUntil, v.PauseReason)
+	}
+	if v.Stalled > 0 {
+		note("%d calls stalled: held by a worker that has not renewed their lease for %s (it died, or lost Redis); asynq gives them back once the lease is 30 s past due",
+			v.Stalled, seconds(v.StalledForSeconds, time.Second))
 	}
 	if v.QueuedHigh > 0 {
 		note("%d of the %d queued calls are in the high lane", v.QueuedHigh, v.Queued)

@@ -85,6 +85,8 @@ var (
 	accountsBacklog = prometheus.NewDesc("shaper_accounts_with_backlog", "Accounts of a per-account vendor with calls planned ahead (no per-account label: accounts are unbounded).", []string{"vendor"}, nil)
 	served          = prometheus.NewDesc("shaper_vendors_served", "Vendors this worker runs a server for now: those whose queues hold work (an idle vendor costs nothing).", nil, nil)
 	oldest          = prometheus.NewDesc("shaper_oldest_queued_seconds", "Age of the oldest call waiting in the vendor's queue.", []string{"vendor"}, nil)
+	stalled         = prometheus.NewDesc("shaper_stalled_calls", "Calls held by a worker that has not renewed their lease for over 10 s (it died, or lost Redis): asynq gives them back once the lease is 30 s past due.", []string{"vendor"}, nil)
+	stalledFor      = prometheus.NewDesc("shaper_stalled_seconds", "The longest time since a stalled call's lease was renewed (0: none stalled).", []string{"vendor"}, nil)
 )
 
 // Worker is what the metrics read of a running worker (a *queue.Worker).
@@ -100,7 +102,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, rateSource, guard, paused, pauseLeft, oldest, accountsBacklog, served} {
+	for _, d := range []*prometheus.Desc{queueDepth, effectiveRate, configRate, rateSource, guard, paused, pauseLeft, oldest, stalled, stalledFor, accountsBacklog, served} {
 		ch <- d
 	}
 }
@@ -133,6 +135,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(queueDepth, prometheus.GaugeValue, float64(n), name, state)
 			}
 			ch <- prometheus.MustNewConstMetric(oldest, prometheus.GaugeValue, qs.Oldest.Seconds(), name)
+			ch <- prometheus.MustNewConstMetric(stalled, prometheus.GaugeValue, float64(qs.Stalled), name)
+			ch <- prometheus.MustNewConstMetric(stalledFor, prometheus.GaugeValue, qs.StalledFor.Seconds(), name)
 		}
 	}
 }

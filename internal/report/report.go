@@ -66,6 +66,12 @@ type Vendor struct {
 	RedisTime           time.Time `json:"redis_time"`
 	NextTickSeconds     float64   `json:"next_tick_seconds"`
 	OldestQueuedSeconds float64   `json:"oldest_queued_seconds"`
+	// Stalled counts the calls held by a worker that has not renewed
+	// their lease for over 10 s (it died, or lost Redis): asynq gives
+	// them back once the lease is 30 s past due; StalledForSeconds is
+	// the longest since a renewal.
+	Stalled           int64   `json:"stalled"`
+	StalledForSeconds float64 `json:"stalled_for_seconds,omitempty"`
 	// ReplicaRates are the configured rates of live workers when they
 	// disagree (a rolling config edit); the gate uses the lowest.
 	ReplicaRates []float64 `json:"replica_rates,omitempty"`
@@ -199,6 +205,7 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 		PausesTotal: st.Pauses, LastPauseReason: st.LastPauseReason, RedisTime: st.At.UTC(),
 		NextTickSeconds: st.NextTick.Seconds(), OldestQueuedSeconds: qs.Oldest.Seconds(),
 		QueuedHigh: qs.HighPending, Quotas: quotaStats(st.Limits),
+		Stalled: qs.Stalled, StalledForSeconds: qs.StalledFor.Seconds(),
 	}
 	if !st.LastPauseUntil.IsZero() {
 		vs.LastPauseUntil = st.LastPauseUntil.UTC().Format(time.RFC3339Nano)
