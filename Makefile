@@ -26,21 +26,25 @@ test-race:
 # The long scenarios (TestLong..., marked with redistest.Long): a minute of
 # rate learning, fault runs through the CLI worker with asynq's default
 # retry backoff, three workers and a SIGKILL that waits out asynq's lease,
-# a Sentinel failover, a 30 s Redis outage, a million queued calls. Under
+# a Sentinel failover, a 30 s Redis outage, the soak of combined faults, a
+# million queued calls. Under
 # -race, except: the CLI scenarios (./cmd/shaper), whose workers are
-# separate shaper binaries built without it, and which run side by side
-# (they mostly wait out faults); and the scenarios against a strict-spacing
-# vendor (nginx limit_req), through network jitter, or while learning a
-# vendor's limit, whose margins are a few milliseconds that the race
-# detector would add to every start (their code paths run under -race in
-# make test). Every wall-clock scenario asserts safety only (no window
+# separate shaper binaries built without it, and which run side by side,
+# beside the race run (they mostly wait out faults); and the scenarios
+# against a strict-spacing vendor (nginx limit_req), through network
+# jitter, or while learning a vendor's limit, whose margins are a few
+# milliseconds that the race detector would add to every start (their
+# code paths run under -race in make test). Every wall-clock scenario asserts safety only (no window
 # above its limit, 429s bounded, nothing lost) and logs its shares; make
 # bench-learn collects them. About 10 minutes.
 LONG_PKGS := $(filter-out ./cmd/shaper/,$(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .))))
 UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit)'
 test-long:
-	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(LONG_PKGS)
-	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper
+	@$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper > test-long-cli.txt 2>&1 & cli=$$!; \
+	echo "$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper (beside the next, its output below it)"; \
+	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(LONG_PKGS); race=$$?; \
+	wait $$cli; clirc=$$?; cat test-long-cli.txt; rm -f test-long-cli.txt; \
+	test $$race -eq 0 && test $$clirc -eq 0
 	$(GO) test -count=1 -p 1 -parallel 9 -timeout 10m -run $(UNRACED) ./queue
 
 # The gate's own speed (BenchmarkReserve) and Redis CPU per grant beside

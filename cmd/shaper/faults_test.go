@@ -172,15 +172,20 @@ func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 	done := time.Now()
 
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	recovered := 0
+	recovered, givenBack := 0, 0
 	for _, id := range held {
 		info, err := insp.GetTaskInfo(q, id)
 		if err != nil {
 			t.Errorf("call %s held by the killed worker: %v", id, err)
 			continue
 		}
-		if info.State == asynq.TaskStateCompleted && info.Retried >= 1 {
+		switch {
+		case info.State != asynq.TaskStateCompleted:
+			t.Errorf("call %s held by the killed worker is %s, want completed", id, info.State)
+		case info.Retried >= 1:
 			recovered++ // completed after asynq's lease-expired retry
+		default:
+			givenBack++ // given back by the live worker: its tick came after the kill
 		}
 	}
 	archived, err := insp.ListArchivedTasks(q)
@@ -188,11 +193,8 @@ func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := vend.Summarize()
-	t.Logf("fault report: %d calls, the killed worker held %d, %d of them recovered and completed; every call done %s after the SIGKILL; %d duplicate successes (same Idempotency-Key), %d 429s, most %d per fixed window and %d per sliding second (limit %d)",
-		n, len(held), recovered, done.Sub(killedAt).Round(time.Millisecond), s.DuplicateKeys, s.RateLimited, s.MaxPerWindow, s.MaxSliding, vend.Rate)
-	if recovered != len(held) {
-		t.Errorf("%d of the %d calls held by the killed worker went through asynq's recovery to completion", recovered, len(held))
-	}
+	t.Logf("fault report: %d calls, the killed worker held %d: %d completed through asynq's lease recovery, %d given back by the live worker; every call done %s after the SIGKILL; %d duplicate successes (same Idempotency-Key), %d 429s, most %d per fixed window and %d per sliding second (limit %d)",
+		n, len(held), recovered, givenBack, done.Sub(killedAt).Round(time.Millisecond), s.DuplicateKeys, s.RateLimited, s.MaxPerWindow, s.MaxSliding, vend.Rate)
 	if len(archived) != 0 {
 		t.Errorf("%d calls archived", len(archived))
 	}
