@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,17 @@ import (
 //     and are sent again with the same Idempotency-Key if asynq's
 //     recoverer finds them unfinished.
 //
+// The calls a dead worker took but was not granted a tick for (waiting
+// to ask the gate again within max_wait), and those whose end asynq
+// could not record while Redis was away, have no heartbeat to miss: they
+// are found by their lease. A lease no worker renewed for staleAfter
+// (asynq renews a live worker's every 5 s) belongs to no live worker; a
+// call under it that the gate never granted a tick (no record in the last
+// 30 s), or whose tick is still ahead, never started and goes back to its
+// queue (sweepStale), while the record still covers every grant since
+// the lease's last renewal (sweepWithin). A call whose tick has passed
+// may have started and waits for asynq's lease.
+//
 // A worker that was not dead but stalled (a heartbeat late by more than
 // deadAfter while it went on sending) sends such a call at its tick as
 // well: the call then goes out twice, on two ticks (G1 holds), with the
@@ -43,6 +55,18 @@ const (
 	startedWithin = 2 * aliveEvery
 	// recoverEvery is how often a worker looks for dead ones.
 	recoverEvery = time.Second
+	// staleAfter is how long a lease goes without a renewal before its
+	// call belongs to no live worker: three of asynq's 5 s renewals.
+	staleAfter = 15 * time.Second
+	// sweepWithin bounds the leases swept: one last renewed longer ago
+	// may have had its grant leave the gate's record (30 s after the
+	// tick), so a call without a record may yet have started; it waits
+	// for asynq's lease.
+	sweepWithin = 25 * time.Second
+	// upFor is how long this worker must have reached Redis before it
+	// judges others: after an outage every worker was silent, and every
+	// lease went without a renewal.
+	upFor = 5 * time.Second
 )
 
 // requeueScript puts a task a dead worker held back at the head of its
@@ -118,8 +142,8 @@ func (w *Worker) recoverDead(ctx context.Context, up func() (time.Time, bool)) {
 			continue
 		}
 		// After an outage every worker was silent: judge others only once
-		// this one has been heard for deadAfter.
-		if now.Sub(since) < deadAfter {
+		// this one has been heard for upFor.
+		if now.Sub(since) < upFor {
 			continue
 		}
 		silent, err := w.gate.Silent(ctx, now, deadAfter)
@@ -179,4 +203,58 @@ func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) 
 	} else {
 		w.log.Debug("a worker went silent; none of its calls waited for a tick", "worker", s.Replica, "finished_or_taken", gone)
 	}
+}
+
+// sweepStale gives back the calls of rt's queues under a lease nobody
+// renewed for staleAfter that never started (see above). It returns how
+// many went back.
+func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error) {
+	since, ok := w.health.answering()
+	if !ok {
+		return 0, nil
+	}
+	now, err := w.rdb.Time(ctx).Result()
+	if err != nil || now.Sub(since) < upFor {
+		return 0, err
+	}
+	// Leases last renewed between staleAfter and sweepWithin ago: the
+	// record of grants still covers every grant since their renewal.
+	lo := strconv.FormatInt(time.Now().Add(asynqLease-sweepWithin).Unix(), 10)
+	hi := strconv.FormatInt(time.Now().Add(asynqLease-staleAfter).Unix(), 10)
+	var stale []string
+	for _, q := range []string{rt.queue, rt.high} {
+		ids, err := w.rdb.ZRangeByScore(ctx, "asynq:{"+q+"}:lease", &redis.ZRangeBy{Min: "(" + lo, Max: "(" + hi}).Result()
+		if err != nil {
+			return 0, err
+		}
+		for _, id := range ids {
+			stale = append(stale, q+"|"+id)
+		}
+	}
+	if len(stale) == 0 {
+		return 0, nil
+	}
+	ticks, err := rt.bucket().Control().HeldTicks(ctx)
+	if err != nil {
+		return 0, err
+	}
+	back, started := 0, 0
+	for _, h := range stale {
+		if tick, ok := ticks[h]; ok && !tick.After(now) {
+			started++ // granted a tick that has passed: it may be at the vendor
+			continue
+		}
+		ok, err := requeueHeld(ctx, w.rdb, h)
+		if err != nil {
+			return back, err
+		}
+		if ok {
+			back++
+		}
+	}
+	if back > 0 {
+		w.log.Info(fmt.Sprintf("%d calls under a lease no worker renewed for %s had not started: back in their queue (%d may have started: they come back when asynq's lease expires)",
+			back, staleAfter, started), "vendor", rt.vendor.Name)
+	}
+	return back, nil
 }

@@ -60,7 +60,13 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		}
 		if time.Since(stallChecked) >= stallCheckEvery {
 			stallChecked = time.Now()
-			if qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, true); err == nil {
+			qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
+			if err == nil && qs.Stalled > 0 {
+				if n, err := w.sweepStale(ctx, rt); err == nil && n > 0 {
+					qs, err = readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
+				}
+			}
+			if err == nil {
 				stalls.check(qs)
 			}
 		}
@@ -79,7 +85,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 
 // stallCheckEvery is how often a vendor's supervisor looks for stalled
 // calls (QueueStats.Stalled).
-const stallCheckEvery = 5 * time.Second
+const stallCheckEvery = 2 * time.Second
 
 // stallLog says once when a vendor's queue has stalled calls (active
 // under a lease nobody renews: a worker died or lost Redis), and once

@@ -23,7 +23,7 @@ type Config struct {
 	Clock Clock
 	// Replica names this process among those granted ticks of a bucket,
 	// whose configured ticks the gate compares during a rolling config
-	// edit; default host:pid:random.
+	// edit; default host:pid:random. It must not contain "|".
 	Replica string
 }
 

@@ -11,10 +11,12 @@ import (
 )
 
 // heldKeep is how long the record of a held call outlives its tick: long
-// enough for a replica's death to be seen (Gate.Silent) while its
-// calls' ticks are still in the record, short enough that the record is
-// a few seconds of grants whatever the backlog.
-const heldKeep = 10 * time.Second
+// enough for a replica's death to be seen (Gate.Silent, seconds) and for
+// a call under a lease nobody renews to be found (the queue's stall
+// sweep, 15 s after the last renewal) while the call's grant is still in
+// the record; short enough that the record is half a minute of grants
+// at most, whatever the backlog.
+const heldKeep = 30 * time.Second
 
 // HeldBy returns the holders (Request.Holder) of the calls replica was
 // granted a tick for after after (Redis time), oldest tick first: when
@@ -31,6 +33,29 @@ func (c *Control) HeldBy(ctx context.Context, replica string, after time.Time) (
 	for _, m := range members {
 		if h, ok := strings.CutPrefix(m, replica+"|"); ok {
 			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// HeldTicks returns the latest granted tick (Redis time) of every holder
+// in the record, whichever replica holds it: a call without one was not
+// granted a tick in the last heldKeep, so it never started.
+func (c *Control) HeldTicks(ctx context.Context) (map[string]time.Time, error) {
+	b := c.b
+	zs, err := b.gate.rdb.ZRangeWithScores(ctx, b.keys.held, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shaper: calls held in %q: %w", b.name, unavailable(ctx, err))
+	}
+	out := make(map[string]time.Time, len(zs))
+	for _, z := range zs {
+		m, _ := z.Member.(string)
+		_, holder, ok := strings.Cut(m, "|") // replica ids hold no "|"
+		if !ok {
+			continue
+		}
+		if t := time.UnixMicro(int64(z.Score)); t.After(out[holder]) {
+			out[holder] = t
 		}
 	}
 	return out, nil

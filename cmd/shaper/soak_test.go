@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/internal/windows"
@@ -93,9 +94,10 @@ func soak(t *testing.T, f soakFault) {
 	if out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
 		t.Fatalf("enqueue: %v\n%s", err, out)
 	}
-	victim, _ := startWorker(t, cfg)
-	startWorker(t, cfg)
-	startWorker(t, cfg)
+	victim, vlog := startWorker(t, cfg)
+	_, log2 := startWorker(t, cfg)
+	_, log3 := startWorker(t, cfg)
+	logs := []*logtest.Buffer{vlog, log2, log3}
 	start := time.Now()
 	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
 
@@ -105,7 +107,8 @@ func soak(t *testing.T, f soakFault) {
 	}
 	_ = victim.Wait()
 	at(8 * time.Second)
-	startWorker(t, cfg)
+	_, log4 := startWorker(t, cfg)
+	logs = append(logs, log4)
 	at(12 * time.Second)
 	struck := time.Now()
 	back := f.strike()
@@ -152,6 +155,17 @@ func soak(t *testing.T, f soakFault) {
 		f.name, s.DuplicateKeys, s.MaxPerWindow, mb, short, ma)
 	if s.MaxPerWindow > rate || mb > rate || ma > lowered {
 		t.Errorf("G1: %d per vendor window, %d per sliding %s before the edit (limit %d), %d after (limit %d)", s.MaxPerWindow, mb, short, rate, ma, lowered)
+	}
+	// What the workers said of the faults.
+	for i, l := range logs {
+		for _, line := range strings.Split(l.String(), "\n") {
+			for _, k := range []string{"went silent", "stalled", "Redis does not answer", "Redis answers again", "lease"} {
+				if strings.Contains(line, k) {
+					t.Logf("%s: worker %d: %s", f.name, i+1, line)
+					break
+				}
+			}
+		}
 	}
 	// What is still held once every call reached the vendor: calls whose
 	// end asynq has yet to record.
