@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // TestRequeueHeldTask pins what requeueScript assumes of asynq v0.26's
@@ -135,5 +137,66 @@ func TestStalledCalls(t *testing.T) {
 	if out := logs.String(); strings.Count(out, "calls are stalled") != 1 || strings.Count(out, "no call is stalled") != 1 ||
 		!strings.Contains(out, "1 calls are stalled") {
 		t.Errorf("stall log:\n%s\nwant the stall once and its end once", out)
+	}
+}
+
+// TestSweepStale: of the calls under a lease no worker renewed for
+// staleAfter, the one the gate never granted a tick goes back to its
+// queue; the one granted a tick that has passed (it may be at the
+// vendor) stays for asynq's lease, and so does one whose lease was last
+// renewed longer ago than the record of grants covers. The active
+// tasks are made as asynq's dequeue makes them (TestRequeueHeldTask pins
+// that layout against asynq's own server).
+func TestSweepStale(t *testing.T) {
+	e := newEnv(t)
+	vendor := e.vendor("sweep", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, http.NotFoundHandler())
+	rdb := e.rdb()
+	w, err := NewWorker(rdb, WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.health.upSince = time.Now().Add(-time.Minute)
+	rt := w.vendors[vendor]
+	q := QueueName(vendor)
+	ctx := context.Background()
+	ac := asynq.NewClientFromRedisClient(rdb)
+	take := func(id string, renewed time.Duration) {
+		t.Helper()
+		if _, err := ac.Enqueue(asynq.NewTask("t", nil), asynq.Queue(q), asynq.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+		k := asynqKeys(q, id)
+		pipe := rdb.TxPipeline()
+		pipe.LRem(ctx, k[2], 0, id)
+		pipe.LPush(ctx, k[0], id)
+		pipe.ZAdd(ctx, k[1], redis.Z{Score: float64(time.Now().Add(asynqLease - renewed).Unix()), Member: id})
+		pipe.HSet(ctx, k[3], "state", "active")
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take("never-granted", 20*time.Second)
+	take("granted", 20*time.Second)
+	take("too-old", 40*time.Second)
+	for { // a tick for "granted", which then passes
+		p, wait, err := rt.bucket().Ask(ctx, shaper.Request{Holder: q + "|granted"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p != nil {
+			time.Sleep(time.Until(p.Tick) + 10*time.Millisecond)
+			break
+		}
+		time.Sleep(wait)
+	}
+	n, err := w.sweepStale(ctx, rt)
+	if err != nil || n != 1 {
+		t.Fatalf("sweepStale = %d, %v; want 1", n, err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	for id, want := range map[string]asynq.TaskState{"never-granted": asynq.TaskStatePending, "granted": asynq.TaskStateActive, "too-old": asynq.TaskStateActive} {
+		if info, err := insp.GetTaskInfo(q, id); err != nil || info.State != want {
+			t.Errorf("%s: %v %v, want %s", id, info, err, want)
+		}
 	}
 }
