@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -273,5 +274,59 @@ func writeFile(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFaultKilledWorkersCallsComeBack: of two workers at 100/s, one is
+// SIGKILLed with calls waiting for their ticks. Without waiting for
+// asynq's lease, the live worker gives back the calls whose tick came
+// after the dead one's last heartbeat, and those it took but was never
+// granted a tick for; what is left are the calls that may have started,
+// which `shaper stats` shows as stalled. Every other call reaches the
+// vendor, with no vendor window over the limit.
+func TestFaultKilledWorkersCallsComeBack(t *testing.T) {
+	t.Parallel()
+	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	srv := httptest.NewServer(vend)
+	defer srv.Close()
+	vendor := "back-" + redistest.Prefix(t)[5:]
+	cfg := writeConfig(t, redistest.Addr(t), vendor, srv.URL, 100)
+	const n = 1500
+	if out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	victim, _ := startWorker(t, cfg)
+	_, live := startWorker(t, cfg)
+	waitUntil(t, time.Minute, "a fifth of the calls", func() bool { return vend.Summarize().DistinctKeys >= n/5 })
+	if err := victim.Process.Kill(); err != nil { // SIGKILL
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+	killed := time.Now()
+	waitUntil(t, 40*time.Second, "the live worker to give back the dead one's calls", func() bool {
+		return strings.Contains(live.String(), "had not started are back in their queues")
+	})
+	gaveBack := time.Since(killed)
+	// The calls it took but was never granted a tick for go back once
+	// their lease has gone 15 s without a renewal (sweepStale).
+	time.Sleep(time.Until(killed.Add(22 * time.Second)))
+	var stalled int64
+	waitUntil(t, 2*time.Minute, "every call but the stalled ones", func() bool {
+		out, err := runShaper(t, "", "stats", "--config", cfg, "--json")
+		if err != nil {
+			return false
+		}
+		var rep StatsReport
+		if json.Unmarshal([]byte(out), &rep) != nil || len(rep.Vendors) != 1 {
+			return false
+		}
+		stalled = rep.Vendors[0].Stalled
+		return int64(vend.Summarize().DistinctKeys) >= n-stalled
+	})
+	s := vend.Summarize()
+	t.Logf("killed worker: its calls given back %s after the SIGKILL; %d of %d calls at the vendor %s after it, %d stalled (may have started: asynq's lease); %d duplicate successes (same Idempotency-Key); most %d per vendor window",
+		gaveBack.Round(100*time.Millisecond), s.DistinctKeys, n, time.Since(killed).Round(100*time.Millisecond), stalled, s.DuplicateKeys, s.MaxPerWindow)
+	if s.RateLimited != 0 || s.MaxPerWindow > vend.Rate {
+		t.Errorf("G1: %d 429s, %d in a vendor window (limit %d)", s.RateLimited, s.MaxPerWindow, vend.Rate)
 	}
 }
