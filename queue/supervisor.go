@@ -62,7 +62,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 			stallChecked = time.Now()
 			qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
 			if err == nil && qs.Stalled > 0 {
-				if n, err := w.sweepStale(ctx, rt); err == nil && n > 0 {
+				if n, serr := w.sweepStale(ctx, rt); serr == nil && n > 0 {
 					qs, err = readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
 				}
 			}
