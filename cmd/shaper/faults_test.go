@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -280,10 +279,8 @@ func writeFile(t *testing.T, path, data string) {
 // TestFaultKilledWorkersCallsComeBack: of two workers at 100/s, one is
 // SIGKILLed with calls waiting for their ticks. Without waiting for
 // asynq's lease, the live worker gives back the calls whose tick came
-// after the dead one's last heartbeat, and those it took but was never
-// granted a tick for; what is left are the calls that may have started,
-// which `shaper stats` shows as stalled. Every other call reaches the
-// vendor, with no vendor window over the limit.
+// after the dead one's last heartbeat, in seconds, with no vendor window
+// over the limit.
 func TestFaultKilledWorkersCallsComeBack(t *testing.T) {
 	t.Parallel()
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
@@ -308,25 +305,22 @@ func TestFaultKilledWorkersCallsComeBack(t *testing.T) {
 	})
 	gaveBack := time.Since(killed)
 	// The calls it took but was never granted a tick for go back once
-	// their lease has gone 15 s without a renewal (sweepStale).
-	time.Sleep(time.Until(killed.Add(22 * time.Second)))
-	var stalled int64
-	waitUntil(t, 2*time.Minute, "every call but the stalled ones", func() bool {
-		out, err := runShaper(t, "", "stats", "--config", cfg, "--json")
-		if err != nil {
-			return false
-		}
-		var rep StatsReport
-		if json.Unmarshal([]byte(out), &rep) != nil || len(rep.Vendors) != 1 {
-			return false
-		}
-		stalled = rep.Vendors[0].Stalled
-		return int64(vend.Summarize().DistinctKeys) >= n-stalled
-	})
+	// their lease has gone 15 s without a renewal (TestSweepStale; the
+	// soak in make test-long shows both together).
 	s := vend.Summarize()
-	t.Logf("killed worker: its calls given back %s after the SIGKILL; %d of %d calls at the vendor %s after it, %d stalled (may have started: asynq's lease); %d duplicate successes (same Idempotency-Key); most %d per vendor window",
-		gaveBack.Round(100*time.Millisecond), s.DistinctKeys, n, time.Since(killed).Round(100*time.Millisecond), stalled, s.DuplicateKeys, s.MaxPerWindow)
+	t.Logf("killed worker: its calls given back %s after the SIGKILL (%s); %d duplicate successes (same Idempotency-Key); most %d per vendor window",
+		gaveBack.Round(100*time.Millisecond), logLine(live.String(), "had not started are back"), s.DuplicateKeys, s.MaxPerWindow)
 	if s.RateLimited != 0 || s.MaxPerWindow > vend.Rate {
 		t.Errorf("G1: %d 429s, %d in a vendor window (limit %d)", s.RateLimited, s.MaxPerWindow, vend.Rate)
 	}
+}
+
+// logLine is the first line of log holding s ("" when none).
+func logLine(log, s string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
 }

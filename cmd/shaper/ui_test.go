@@ -150,6 +150,7 @@ func chromium(t *testing.T) string {
 // SHAPER_UI_SCREENSHOT=path it saves a screenshot there (make
 // ui-screenshot writes docs/ui.png).
 func TestPageInBrowser(t *testing.T) {
+	t.Parallel() // its figures are logged, not asserted: it runs beside the other light tests
 	chrome := chromium(t)
 	p := "page" + redistest.Prefix(t)[5:]
 	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second}
