@@ -79,7 +79,7 @@ bench-idle:
 # docs/ui.png: the live page of a real worker in headless Chromium,
 # taken by TestPageInBrowser while calls go out and a 429 pauses them.
 ui-screenshot:
-	SHAPER_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -run '^TestPageInBrowser$$' -v ./cmd/shaper
+	$(GO) test -count=1 -run '^TestPageInBrowser$$' -v ./cmd/shaper -args -screenshot $(CURDIR)/docs/ui.png
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)

@@ -205,7 +205,7 @@ func (c *Client) vendor(name string) (Vendor, error) {
 // Waiting returns how many tasks wait in or run from the vendor's queue:
 // pending, active, scheduled and retry.
 func (c *Client) Waiting(ctx context.Context, vendor string) (int64, error) {
-	st, err := c.queueStats(ctx, vendor, false)
+	st, err := readQueueStats(ctx, c.rdb, vendor, queueCounts)
 	return st.Pending + st.Active + st.Scheduled + st.Retry, err
 }
 
@@ -631,16 +631,19 @@ const asynqLease = 30 * time.Second
 // round trip, and one more for the age of the oldest pending call when
 // there is one.
 func (c *Client) QueueStats(ctx context.Context, vendor string) (QueueStats, error) {
-	return c.queueStats(ctx, vendor, true)
+	return readQueueStats(ctx, c.rdb, vendor, queueCounts|queueOldest|queueStalls)
 }
 
-func (c *Client) queueStats(ctx context.Context, vendor string, withOldest bool) (QueueStats, error) {
-	return readQueueStats(ctx, c.rdb, vendor, withOldest)
-}
+// What readQueueStats reads besides the counts (always read).
+const (
+	queueCounts = 0 // the counts alone
+	queueOldest = 1 // the age of the oldest pending call (a second round trip)
+	queueStalls = 2 // the stalled calls (in the same round trip)
+)
 
-// readQueueStats reads vendor's queues (both lanes); withOldest adds the
-// age of the oldest pending call and the stalled calls.
-func readQueueStats(ctx context.Context, rdb redis.UniversalClient, vendor string, withOldest bool) (QueueStats, error) {
+// readQueueStats reads vendor's queues (both lanes): the counts, and the
+// figures what asks for.
+func readQueueStats(ctx context.Context, rdb redis.UniversalClient, vendor string, what int) (QueueStats, error) {
 	key := func(name string) string { return queueKey(vendor, name) }
 	hkey := func(name string) string { return highQueueKey(vendor, name) }
 	pipe := rdb.Pipeline()
@@ -653,8 +656,10 @@ func readQueueStats(ctx context.Context, rdb redis.UniversalClient, vendor strin
 	var leases []*redis.ZSliceCmd
 	stale := strconv.FormatInt(time.Now().Add(asynqLease-StallAfter).Unix(), 10)
 	var stalled []*redis.IntCmd
-	if withOldest {
+	if what&queueOldest != 0 {
 		oldest = pipe.LIndex(ctx, key("pending"), -1)
+	}
+	if what&queueStalls != 0 {
 		for _, k := range []string{key("lease"), hkey("lease")} {
 			leases = append(leases, pipe.ZRangeWithScores(ctx, k, 0, 0))
 			stalled = append(stalled, pipe.ZCount(ctx, k, "-inf", "("+stale))

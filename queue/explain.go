@@ -141,7 +141,7 @@ func (c *Client) explainPending(ctx context.Context, v Vendor, lane shaper.Lane,
 	if err != nil {
 		return e, err
 	}
-	qs, err := c.queueStats(ctx, v.Name, false)
+	qs, err := readQueueStats(ctx, c.rdb, v.Name, queueCounts)
 	if err != nil {
 		return e, err
 	}

@@ -25,15 +25,17 @@ type redisHealth struct {
 	since   time.Time     // when it went down
 	up      chan struct{} // closed when it answers again; nil while up
 	upSince time.Time     // Redis time of the first answer since it last went down (zero: none yet)
+	// The latest answer's Redis time, and when (local clock) it came.
+	lastRedis, lastLocal time.Time
 }
 
 // answering returns since when (Redis time) Redis has answered without
-// a failure in between, and false while it is down or has not answered
-// yet.
-func (h *redisHealth) answering() (time.Time, bool) {
+// a failure in between, and Redis time now (the latest answer's, moved on
+// by the local clock); false while it is down or has not answered yet.
+func (h *redisHealth) answering() (since, now time.Time, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.upSince, !h.down.Load() && !h.upSince.IsZero()
+	return h.upSince, h.lastRedis.Add(time.Since(h.lastLocal)), !h.down.Load() && !h.upSince.IsZero()
 }
 
 // failed records that Redis did not answer; the first failure of an
@@ -57,6 +59,7 @@ func (h *redisHealth) answered(now time.Time) {
 	if h.upSince.IsZero() {
 		h.upSince = now
 	}
+	h.lastRedis, h.lastLocal = now, time.Now()
 	if !h.down.Load() {
 		return
 	}

@@ -123,7 +123,7 @@ func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string) 
 
 // recoverDead looks for dead workers every recoverEvery until ctx ends
 // and gives back their calls that never started (see above).
-func (w *Worker) recoverDead(ctx context.Context, up func() (time.Time, bool)) {
+func (w *Worker) recoverDead(ctx context.Context) {
 	t := time.NewTicker(recoverEvery)
 	defer t.Stop()
 	swept := map[string]time.Time{} // dead replica -> its last heartbeat, swept
@@ -133,12 +133,8 @@ func (w *Worker) recoverDead(ctx context.Context, up func() (time.Time, bool)) {
 			return
 		case <-t.C:
 		}
-		since, ok := up()
+		since, now, ok := w.health.answering() // this worker's heartbeat
 		if !ok {
-			continue
-		}
-		now, err := w.gate.Alive(ctx) // Redis time, and this worker is alive
-		if err != nil {
 			continue
 		}
 		// After an outage every worker was silent: judge others only once
@@ -209,13 +205,9 @@ func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) 
 // renewed for staleAfter that never started (see above). It returns how
 // many went back.
 func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error) {
-	since, ok := w.health.answering()
-	if !ok {
+	since, now, ok := w.health.answering()
+	if !ok || now.Sub(since) < upFor {
 		return 0, nil
-	}
-	now, err := w.rdb.Time(ctx).Result()
-	if err != nil || now.Sub(since) < upFor {
-		return 0, err
 	}
 	// Leases last renewed between staleAfter and sweepWithin ago: the
 	// record of grants still covers every grant since their renewal.

@@ -105,7 +105,7 @@ func TestStalledCalls(t *testing.T) {
 	defer close(release) // before the shutdown, which waits for the handler
 	<-holding
 	ctx := context.Background()
-	qs, err := readQueueStats(ctx, rdb, vendor, true)
+	qs, err := readQueueStats(ctx, rdb, vendor, queueStalls)
 	if err != nil || qs.Active != 1 || qs.Stalled != 0 {
 		t.Fatalf("a live worker's call: %+v %v, want 1 active, 0 stalled", qs, err)
 	}
@@ -116,7 +116,7 @@ func TestStalledCalls(t *testing.T) {
 		if err := rdb.ZAddXX(ctx, "asynq:{"+q+"}:lease", redis.Z{Score: float64(last.Add(asynqLease).Unix()), Member: "s1"}).Err(); err != nil {
 			t.Fatal(err)
 		}
-		qs, err = readQueueStats(ctx, rdb, vendor, true)
+		qs, err = readQueueStats(ctx, rdb, vendor, queueStalls)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,8 @@ func TestSweepStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.health.upSince = time.Now().Add(-time.Minute)
+	w.health.answered(time.Now().Add(-time.Minute)) // Redis has answered for a minute
+	w.health.answered(time.Now())
 	rt := w.vendors[vendor]
 	q := QueueName(vendor)
 	ctx := context.Background()

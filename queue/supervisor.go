@@ -60,10 +60,10 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		}
 		if time.Since(stallChecked) >= stallCheckEvery {
 			stallChecked = time.Now()
-			qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
+			qs, err := readQueueStats(ctx, w.rdb, rt.vendor.Name, queueStalls)
 			if err == nil && qs.Stalled > 0 {
 				if n, serr := w.sweepStale(ctx, rt); serr == nil && n > 0 {
-					qs, err = readQueueStats(ctx, w.rdb, rt.vendor.Name, true)
+					qs, err = readQueueStats(ctx, w.rdb, rt.vendor.Name, queueStalls)
 				}
 			}
 			if err == nil {

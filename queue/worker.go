@@ -338,7 +338,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAlive()
 	wg.Go(func() { watchRedis(aliveCtx, w.gate, &w.health) })
-	wg.Go(func() { w.recoverDead(ctx, w.health.answering) })
+	wg.Go(func() { w.recoverDead(ctx) })
 	problems := newProblemLog(w.log, &w.health)
 	ww := &workWatch{}
 	_, err := w.pollWork(ctx, ww) // the baseline, before the first sweep

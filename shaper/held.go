@@ -101,9 +101,6 @@ return now
 // aliveKey is the sorted set of live replicas of every bucket.
 func (g *Gate) aliveKey() string { return g.prefix + ":alive" }
 
-// Replica is this gate's replica id.
-func (g *Gate) Replica() string { return g.replica }
-
 // Alive records that this replica is alive, in one round trip (a
 // worker's health check: Redis answers, and every replica hears of
 // this one). It returns Redis time.

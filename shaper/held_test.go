@@ -54,20 +54,20 @@ func TestHeldRecord(t *testing.T) {
 		ticks[h] = grant(bk, h)
 	}
 	// a's calls are ticks 0, 2 and 4 (100 ms apart): after tick 1, 2 and 4.
-	got, err := ba.Control().HeldBy(ctx, a.gate.Replica(), time.UnixMicro(ticks["vendor:held|b1"]))
+	got, err := ba.Control().HeldBy(ctx, a.gate.replica, time.UnixMicro(ticks["vendor:held|b1"]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(got) != "[vendor:held|a2 vendor:held|a4]" {
 		t.Errorf("HeldBy(a, after tick 1) = %v, want a2 and a4", got)
 	}
-	if got, _ := ba.Control().HeldBy(ctx, b.gate.Replica(), time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|b1 vendor:held|b3 vendor:held|b5]" {
+	if got, _ := ba.Control().HeldBy(ctx, b.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|b1 vendor:held|b3 vendor:held|b5]" {
 		t.Errorf("HeldBy(b) = %v, want b's calls only", got)
 	}
-	if err := ba.Control().Release(ctx, a.gate.Replica(), "vendor:held|a2"); err != nil {
+	if err := ba.Control().Release(ctx, a.gate.replica, "vendor:held|a2"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := ba.Control().HeldBy(ctx, a.gate.Replica(), time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|a0 vendor:held|a4]" {
+	if got, _ := ba.Control().HeldBy(ctx, a.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|a0 vendor:held|a4]" {
 		t.Errorf("after Release(a2): %v", got)
 	}
 	// heldKeep after the last tick, one more grant trims everything older.
@@ -112,7 +112,7 @@ func TestAliveAndSilent(t *testing.T) {
 	clk.advance(2 * time.Second)
 	now, _ = a.gate.Alive(ctx)
 	s, err := a.gate.Silent(ctx, now, 3*time.Second)
-	if err != nil || len(s) != 1 || s[0].Replica != b.gate.Replica() || s[0].LastSeen.UnixMicro() != testEpoch {
+	if err != nil || len(s) != 1 || s[0].Replica != b.gate.replica || s[0].LastSeen.UnixMicro() != testEpoch {
 		t.Fatalf("Silent after 4 s = %+v, %v; want b, last seen at the start (c left, a is itself)", s, err)
 	}
 	clk.advance(aliveForget)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/internal/report"
 )
 
 // TestEnqueueAccounts: the CLI names a call's account with --account or
@@ -115,7 +116,7 @@ rate = 30
 	a := vs.Account
 	n := *vs.AccountsWithBacklog
 	if a == nil || a.ConfigRate != 20 || a.ConfiguredRate != 19.61 || a.ShareRate == nil || n < 1 ||
-		*a.ShareRate != round2(min(19.61, 29.41/float64(n))) {
+		*a.ShareRate != report.Round2(min(19.61, 29.41/float64(n))) {
 		t.Fatalf("the account's share in stats --json (%d accounts with a backlog): %s", n, out)
 	}
 	out, err = runShaper(t, "", "stats", "--config", cfg, "--account", "store-0")
@@ -123,7 +124,7 @@ rate = 30
 	for _, want := range []string{
 		vendor + ": total 30 per 1s over all accounts, at most 29.41/s with the 20ms guard",
 		"account store-0: rate 19.61/s; its own limit 20 per 1s, at most 19.61/s with its guard; its share of the total: at least " +
-			perWindow(*a.ShareRate, time.Second),
+			report.PerWindow(*a.ShareRate, time.Second),
 	} {
 		if err != nil || !strings.Contains(flat, want) {
 			t.Errorf("stats lacks %q: %v\n%s", want, err, out)

@@ -27,7 +27,6 @@ import (
 type soakFault struct {
 	name   string
 	redis  string           // the [redis] table's lines
-	addr   string           // the Redis to inspect after the run (the master at the end)
 	strike func() time.Time // the fault; returns when Redis answers again
 	master func() string    // the master's address once the fault is over
 }
@@ -49,7 +48,6 @@ func TestLongFaultSoakRestart(t *testing.T) {
 	soak(t, soakFault{
 		name:  "Redis restart",
 		redis: fmt.Sprintf("addr = %q\n", rs.Addr),
-		addr:  rs.Addr,
 		strike: func() time.Time {
 			rs.Kill()
 			time.Sleep(3 * time.Second)

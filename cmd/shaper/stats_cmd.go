@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
-	"github.com/shaper-dev/shaper/internal/durations"
 	"github.com/shaper-dev/shaper/internal/report"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
@@ -31,14 +29,6 @@ type (
 	QuotaStats     = report.QuotaStats
 )
 
-func collectStats(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client, topN int, account string) (StatsReport, error) {
-	return report.Collect(ctx, cfg, gate, c, topN, account)
-}
-
-func round2(f float64) float64 { return report.Round2(f) }
-
-func fairShare(own, total float64, n int64) float64 { return report.FairShare(own, total, n) }
-
 func newStatsCmd() *cobra.Command {
 	var asJSON, watch, noLegend bool
 	var every time.Duration
@@ -52,7 +42,7 @@ func newStatsCmd() *cobra.Command {
 			return withClient(cmd, func(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, c *queue.Client) error {
 				gate := shaper.NewGate(rdb, shaper.Config{})
 				for {
-					rep, err := collectStats(ctx, cfg, gate, c, accounts, account)
+					rep, err := report.Collect(ctx, cfg, gate, c, accounts, account)
 					if err != nil {
 						return err
 					}
@@ -113,15 +103,6 @@ var statsLegend = [][2]string{
 	{"PAUSED", "time left of a pause the vendor asked for (429, Retry-After); why, below"},
 }
 
-// perWindow prints rate calls per window w: "19.61/s", "600/1m".
-func perWindow(rate float64, w time.Duration) string {
-	unit := durations.Format(w)
-	if w == time.Second {
-		unit = "s"
-	}
-	return strconv.FormatFloat(round2(rate), 'f', -1, 64) + "/" + unit
-}
-
 func seconds(s float64, round time.Duration) time.Duration {
 	return time.Duration(s * float64(time.Second)).Round(round)
 }
@@ -140,7 +121,7 @@ func printStats(w io.Writer, rep StatsReport, legend bool) {
 			next = next.Round(100 * time.Millisecond)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", v.Vendor,
-			perWindow(v.EffectiveRate, window), perWindow(float64(v.ConfigRate), window), v.Queued, v.InFlight, v.Requeued,
+			report.PerWindow(v.EffectiveRate, window), report.PerWindow(float64(v.ConfigRate), window), v.Queued, v.InFlight, v.Requeued,
 			v.GrantedLastMinute, v.RateLimitedLastMinute, next,
 			seconds(v.OldestQueuedSeconds, time.Second), paused)
 	}
@@ -179,8 +160,8 @@ func vendorNotes(v VendorStats) []string {
 		each, all = " for each account", "in all, all accounts together"
 	}
 	note("limit %d per %s%s, at most %s with %s; %d granted, %d 429s %s",
-		v.ConfigRate, v.Window, each, perWindow(v.ConfiguredRate, window), guarded, v.GrantedTotal, v.RateLimitedTotal, all)
-	rate := perWindow(v.EffectiveRate, window)
+		v.ConfigRate, v.Window, each, report.PerWindow(v.ConfiguredRate, window), guarded, v.GrantedTotal, v.RateLimitedTotal, all)
+	rate := report.PerWindow(v.EffectiveRate, window)
 	switch {
 	case v.RateSource != "" && v.RateReason != "":
 		note("rate %s %s — %s", rate, v.RateSource, v.RateReason)
@@ -199,7 +180,7 @@ func vendorNotes(v VendorStats) []string {
 	if len(v.ReplicaRates) > 0 {
 		rates := make([]string, len(v.ReplicaRates))
 		for i, r := range v.ReplicaRates {
-			rates[i] = perWindow(r, window)
+			rates[i] = report.PerWindow(r, window)
 		}
 		note("replicas disagree on the configured rate: %s; the lowest applies", strings.Join(rates, ", "))
 	}
@@ -222,7 +203,7 @@ func vendorNotes(v VendorStats) []string {
 	}
 	if t := v.Total; t != nil {
 		tw, _ := time.ParseDuration(t.Window)
-		line := fmt.Sprintf("total %d per %s over all accounts, at most %s with %s", t.Rate, t.Window, perWindow(t.EffectiveRate, tw), guarded)
+		line := fmt.Sprintf("total %d per %s over all accounts, at most %s with %s", t.Rate, t.Window, report.PerWindow(t.EffectiveRate, tw), guarded)
 		if len(t.Limits) > 0 {
 			line += ", and " + strings.Join(t.Limits, ", ")
 		}
@@ -242,10 +223,10 @@ func vendorNotes(v VendorStats) []string {
 	if a := v.Account; a != nil {
 		aw, _ := time.ParseDuration(a.Window)
 		line := fmt.Sprintf("account %s: rate %s; its own limit %d per %s, at most %s with its guard",
-			a.Account, perWindow(a.EffectiveRate, aw), a.ConfigRate, a.Window, perWindow(a.ConfiguredRate, aw))
+			a.Account, report.PerWindow(a.EffectiveRate, aw), a.ConfigRate, a.Window, report.PerWindow(a.ConfiguredRate, aw))
 		if a.ShareRate != nil {
 			line += fmt.Sprintf("; its share of the total: at least %s while %d account(s) have a backlog (more while others need less)",
-				perWindow(*a.ShareRate, aw), *v.AccountsWithBacklog)
+				report.PerWindow(*a.ShareRate, aw), *v.AccountsWithBacklog)
 		}
 		if a.RateSource != "" {
 			line += fmt.Sprintf("; rate %s — %s", a.RateSource, a.RateReason)

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -107,23 +106,6 @@ func TestStatsJSONOnlyAdds(t *testing.T) {
 		`"granted_last_minute":1176`, `"rate_reason":`} {
 		if !strings.Contains(string(data), want) {
 			t.Errorf("--json lacks %s:\n%s", want, data)
-		}
-	}
-}
-
-func TestFairShare(t *testing.T) {
-	for _, tc := range []struct {
-		own, total float64
-		n          int64
-		want       float64
-	}{
-		{own: 19.61, total: 39.22, n: 3, want: 39.22 / 3},
-		{own: 1.96, total: 39.22, n: 3, want: 1.96}, // its own rate is below the split
-		{own: 19.61, total: 39.22, n: 0, want: 19.61},
-		{own: 50, total: 39.22, n: 1, want: 39.22},
-	} {
-		if got := fairShare(tc.own, tc.total, tc.n); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("fairShare(%v, %v, %d) = %v, want %v", tc.own, tc.total, tc.n, got, tc.want)
 		}
 	}
 }

@@ -7,6 +7,7 @@ package report
 import (
 	"context"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
@@ -231,6 +232,15 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 		}
 	}
 	return vs, nil
+}
+
+// PerWindow prints rate calls per window w: "19.61/s", "600/1m".
+func PerWindow(rate float64, w time.Duration) string {
+	unit := durations.Format(w)
+	if w == time.Second {
+		unit = "s"
+	}
+	return strconv.FormatFloat(Round2(rate), 'f', -1, 64) + "/" + unit
 }
 
 // Round2 rounds f to two decimals, as the report shows rates.

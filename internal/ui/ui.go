@@ -401,12 +401,14 @@ func names(rep report.Report) string {
 	return strings.Join(out, ", ")
 }
 
-// perWindow prints rate calls per window w ("19.61/s", "600/1m").
+// perWindow prints rate calls per window w, as the config writes it
+// (report.PerWindow).
 func perWindow(rate float64, w string) string {
-	if w == "1s" {
-		w = "s"
+	d, err := time.ParseDuration(w)
+	if err != nil {
+		return fmt.Sprintf("%g/%s", report.Round2(rate), w)
 	}
-	return fmt.Sprintf("%g/%s", report.Round2(rate), w)
+	return report.PerWindow(rate, d)
 }
 
 // limitText is v's limit as the config has it: "5/s", "3/s each account".
