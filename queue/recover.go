@@ -76,16 +76,25 @@ const (
 // lease set, onto the pending list's dequeue end, state pending. A task
 // no longer active (finished, or already given back) is left alone.
 //
+// The task goes back only while its lease is the one the dead worker
+// held (at most ARGV[2]): several live workers may look at the same dead
+// one, and a task one of them gave back and another took since has a
+// newer lease, which keeps it where it is.
+//
 // KEYS[1] asynq:{queue}:active, KEYS[2] asynq:{queue}:lease,
 // KEYS[3] asynq:{queue}:pending, KEYS[4] asynq:{queue}:t:<id>.
-// ARGV[1] the task id.
-// Returns 1 when the task went back, 0 when it was not active.
+// ARGV[1] the task id, ARGV[2] the newest lease it may have (Unix s).
+// Returns 1 when the task went back, 0 when it was not active or is
+// held under a newer lease.
 var requeueScript = redis.NewScript(`
 local k_active = KEYS[1]
 local k_lease = KEYS[2]
 local k_pending = KEYS[3]
 local k_task = KEYS[4]
 local a_id = ARGV[1]
+local a_max_lease = tonumber(ARGV[2])
+local lease = tonumber(redis.call('ZSCORE', k_lease, a_id))
+if not lease or lease > a_max_lease then return 0 end
 if redis.call('LREM', k_active, 0, a_id) == 0 then return 0 end
 redis.call('ZREM', k_lease, a_id)
 redis.call('RPUSH', k_pending, a_id)
@@ -110,14 +119,15 @@ func holderOf(ctx context.Context) string {
 	return q + "|" + id
 }
 
-// requeueHeld puts task holder ("queue|id") back in its queue; it
-// reports whether it was still active.
-func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string) (bool, error) {
+// requeueHeld puts task holder ("queue|id") back in its queue if it is
+// still active under a lease no newer than maxLease; it reports whether
+// it went back.
+func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string, maxLease time.Time) (bool, error) {
 	q, id, ok := strings.Cut(holder, "|")
 	if !ok {
 		return false, nil
 	}
-	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id).Int()
+	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id, maxLease.Unix()).Int()
 	return n == 1, err
 }
 
@@ -167,6 +177,12 @@ func (w *Worker) recoverDead(ctx context.Context) {
 // could last have sent one, in every vendor of this worker.
 func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) {
 	after := s.LastSeen.Add(startedWithin)
+	// The newest lease the dead worker can have given its calls: one
+	// renewed by its last moment, within a heartbeat or two of its last
+	// one; a worker that took a call since did so after deadAfter, under
+	// a lease at least that much newer (asynq's lease scores are whole
+	// seconds, by each worker's clock).
+	maxLease := s.LastSeen.Add(asynqLease + time.Second)
 	back, gone := 0, 0
 	for _, rt := range w.runtimes(nil) {
 		ctl := rt.bucket().Control()
@@ -177,7 +193,7 @@ func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) 
 		}
 		var done []string
 		for _, h := range held {
-			ok, err := requeueHeld(ctx, w.rdb, h)
+			ok, err := requeueHeld(ctx, w.rdb, h, maxLease)
 			if err != nil {
 				w.log.Warn("could not give a dead worker's call back to its queue; it comes back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
 				break
@@ -211,8 +227,9 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	}
 	// Leases last renewed between staleAfter and sweepWithin ago: the
 	// record of grants still covers every grant since their renewal.
+	staleBefore := time.Now().Add(asynqLease - staleAfter)
 	lo := strconv.FormatInt(time.Now().Add(asynqLease-sweepWithin).Unix(), 10)
-	hi := strconv.FormatInt(time.Now().Add(asynqLease-staleAfter).Unix(), 10)
+	hi := strconv.FormatInt(staleBefore.Unix(), 10)
 	var stale []string
 	for _, q := range []string{rt.queue, rt.high} {
 		ids, err := w.rdb.ZRangeByScore(ctx, "asynq:{"+q+"}:lease", &redis.ZRangeBy{Min: "(" + lo, Max: "(" + hi}).Result()
@@ -236,7 +253,7 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 			started++ // granted a tick that has passed: it may be at the vendor
 			continue
 		}
-		ok, err := requeueHeld(ctx, w.rdb, h)
+		ok, err := requeueHeld(ctx, w.rdb, h, staleBefore)
 		if err != nil {
 			return back, err
 		}

@@ -59,7 +59,12 @@ func TestRequeueHeldTask(t *testing.T) {
 	ctx := context.Background()
 	// The first run still holds its copy (a dead worker's); the second
 	// slot of the server takes the task back from pending.
-	ok, err := requeueHeld(ctx, rdb, holder)
+	// A lease newer than the one given (another worker took the task
+	// since) keeps the task where it is.
+	if ok, err := requeueHeld(ctx, rdb, holder, time.Now()); err != nil || ok {
+		t.Fatalf("requeueHeld under a newer lease = %v, %v; want false", ok, err)
+	}
+	ok, err := requeueHeld(ctx, rdb, holder, time.Now().Add(time.Minute))
 	if err != nil || !ok {
 		t.Fatalf("requeueHeld = %v, %v; want true", ok, err)
 	}
@@ -72,7 +77,7 @@ func TestRequeueHeldTask(t *testing.T) {
 		info, err := insp.GetTaskInfo(q, "t1")
 		return err != nil || info.State == asynq.TaskStateCompleted
 	})
-	if ok, err := requeueHeld(ctx, rdb, holder); err != nil || ok {
+	if ok, err := requeueHeld(ctx, rdb, holder, time.Now().Add(time.Minute)); err != nil || ok {
 		t.Errorf("requeueHeld of a task no longer active = %v, %v; want false", ok, err)
 	}
 }
