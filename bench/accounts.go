@@ -129,7 +129,9 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 	// The gate's round trips: reservations (granted or deferred) and ticks
 	// given up (late, or dropped for a pause).
 	st, _ := env.client().HGetAll(ctx, env.name+":{"+env.name+"}:stats").Result()
-	for _, f := range []string{"granted", "deferred", "late", "dropped"} {
+	// granted counts per clock minute too: its total is granted plus
+	// both minute slots (shaper's minuteCounterLua).
+	for _, f := range []string{"granted", "granted_c0", "granted_c1", "deferred", "late", "dropped"} {
 		n, _ := strconv.Atoi(st[f])
 		res.GateTrips += n
 	}

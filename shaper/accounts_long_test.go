@@ -71,7 +71,7 @@ func TestLongHundredThousandAccounts(t *testing.T) {
 	if _, err := warm.Acquire(ctx); err != nil { // the group's epoch: its first use waits out the horizon once
 		t.Fatal(err)
 	}
-	r.rdb.Del(ctx, warm.keys.gate, warm.keys.replicas)
+	r.rdb.Del(ctx, warm.keys.gate)
 	var pool sync.WaitGroup // the client's 16 connections (and their buffers) exist before and after
 	for range 16 {
 		pool.Go(func() {

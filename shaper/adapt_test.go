@@ -207,43 +207,39 @@ func TestLastMinuteEstimate(t *testing.T) {
 
 // TestReplicasDisagree has two replicas with different configs (a rolling
 // edit): the gate must space ticks by the more conservative one while both
-// are live, say that they disagree, and forget the silent one.
+// are live, say which it is, and forget it once its replica stops asking.
 func TestReplicasDisagree(t *testing.T) {
 	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	// Replicas reads Redis TIME itself: start the scripts' time there.
+	old := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "old"})
+	g := NewGate(rdb, Config{KeyPrefix: old.prefix, Replica: "new"})
 	now, err := rdb.Time(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk := fakeRedisTime(g, now.UnixMicro())
+	old.testNow = g.testNow
 	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
-	slow, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	slow, _ := old.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
 	ctx := context.Background()
-	if err := fast.Control().Heartbeat(ctx, "new"); err != nil {
-		t.Fatal(err)
-	}
-	if err := slow.Control().Heartbeat(ctx, "old"); err != nil {
-		t.Fatal(err)
-	}
-	reps, err := fast.Control().Replicas(ctx)
-	if err != nil || len(reps) != 2 {
-		t.Fatalf("replicas %+v, %v", reps, err)
-	}
 	slowIv, _ := slow.Policy().Tick()
 	fastIv, _ := fast.Policy().Tick()
+	grantTicks(t, slow, clk, 1) // the old replica asks under its config
+	w, ok, err := fast.Control().Widest(ctx)
+	if err != nil || !ok || w.Replica != "old" || w.Interval != slowIv {
+		t.Fatalf("widest %+v, %v, %v; want the old replica's %v", w, ok, err, slowIv)
+	}
 	ticks := grantTicks(t, fast, clk, 3)
 	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != slowIv {
 		t.Errorf("ticks %v apart while a live replica is configured for %v", gap, slowIv)
 	}
-	// The old replica stops: its heartbeat no longer counts after
-	// replicaLive, and the ticks go back to the fast spacing.
+	// The old replica stops: its tick no longer counts after replicaLive,
+	// and the ticks go back to the fast spacing.
 	clk.advance(replicaLive)
-	if err := fast.Control().Heartbeat(ctx, "new"); err != nil {
-		t.Fatal(err)
-	}
 	ticks = grantTicks(t, fast, clk, 3)
 	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != fastIv {
 		t.Errorf("ticks %v apart after the slow replica went silent, want %v", gap, fastIv)
+	}
+	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "new" || w.Interval != fastIv {
+		t.Errorf("widest %+v, %v, %v after the old replica went silent; want the new one's %v", w, ok, err, fastIv)
 	}
 }

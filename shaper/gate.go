@@ -36,6 +36,7 @@ type Gate struct {
 	clock   Clock
 	replica string
 
+	srv     servers // the run_ids of the servers its groups live on (server.go)
 	mu      sync.Mutex
 	active  map[string]*local // buckets with callers in this process
 	handles atomic.Uint64     // bucket handles made, to order them
@@ -44,9 +45,13 @@ type Gate struct {
 	testWatchedUp func()       // tests: called when Watch's subscription is confirmed
 }
 
-// NewGate returns a gate on rdb. The gate never closes rdb.
+// NewGate returns a gate on rdb. The gate never closes rdb; it adds a
+// hook to it that counts the connections it dials (how the gate tells a
+// failover or a restart without asking the server on every grant: see
+// server.go).
 func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
 	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, replica: cfg.Replica, active: map[string]*local{}}
+	g.srv.watchDials(rdb)
 	if g.replica == "" {
 		g.replica = replicaID()
 	}
@@ -64,6 +69,7 @@ func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
 type Bucket struct {
 	gate     *Gate
 	name     string // unique among the gate's buckets: "group" or "group/bucket"
+	group    string // the group's name
 	member   string // the bucket's name in its group's sets ("" for a group of one)
 	policy   Policy
 	interval time.Duration
@@ -74,6 +80,12 @@ type Bucket struct {
 	keys     bucketKeys
 	made     uint64 // order among the gate's handles: a later handle holds a newer policy
 	meter    *meter // what the margin must cover, measured; the guard follows it with Policy.MeasureGuard
+	// core is true when the policy has the common shape the core script
+	// serves (one limit, no total, no in-flight cap, no warm-up), and
+	// fullUntil the local time (ns) until which the full script serves it
+	// anyway: the core script handed it a state it cannot decide alone.
+	core      bool
+	fullUntil atomic.Int64
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

@@ -15,8 +15,11 @@ const DefaultKeyPrefix = "shaper"
 // script uses are listed in its comment, in this order.
 type bucketKeys struct {
 	// gate is a hash with the last reserved tick ("last", Redis-time
-	// µs), the grants made on it ("n") and the moment the last caller
-	// deferred beyond the horizon was told to come back ("defer_at"). It
+	// µs), the grants made on it ("n"), the moment the last caller
+	// deferred beyond the horizon was told to come back ("defer_at"), the
+	// server that wrote it ("run"), the widest tick asked under lately
+	// ("wide", see widest) and the clock minute its last grant was
+	// counted in ("gm"). It
 	// expires once no tick it granted can still fall in a vendor window
 	// (see keep); its absence with the group's epoch present and no live
 	// entry in the group's expiry set means it expired after idle.
@@ -35,9 +38,6 @@ type bucketKeys struct {
 	// inFlight is a sorted set of in-flight leases scored by their expiry
 	// (µs).
 	inFlight string
-	// replicas is a hash of processes' configured ticks for this bucket,
-	// written with every grant: replica id -> "interval_µs|burst|seen_µs".
-	replicas string
 	// ticks is a list of the ticks granted lately (µs, newest first), at
 	// most a few windows' worth at the configured rate: what a
 	// rate-limited answer is judged against (see judge). Ticks given up
@@ -92,7 +92,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		b = func(name string) string { return prefix + ":{" + group + "}:acct:" + bucket + ":" + name }
 	}
 	return bucketKeys{
-		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"), replicas: b("replicas"),
+		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 		counts: b("counts"), totalCounts: g("total_counts"), held: g("held"),
@@ -102,7 +102,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 // reserve lists the reserve script's keys, in the order of
 // reserveKeyNames.
 func (k bucketKeys) reserve() []string {
-	return []string{k.gate, k.control, k.stats, k.inFlight, k.replicas, k.epoch, k.expiry, k.total, k.asking, k.rates,
+	return []string{k.gate, k.control, k.stats, k.inFlight, k.epoch, k.expiry, k.total, k.asking, k.rates,
 		k.slots, k.ticks, k.counts, k.totalCounts, k.held}
 }
 

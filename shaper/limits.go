@@ -26,11 +26,11 @@ type LimitUse struct {
 // KEYS[1] the counters hash. ARGV[1] Redis time override (µs; 0: TIME),
 // ARGV[2] the limits (limitSpec).
 // Returns {used, next (µs from now), used, next, ...}, one pair a limit.
-var limitsScript = redis.NewScript(extendLua + countersLua + `
+var limitsScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
 local a_limits = ARGV[2]
-local now = redis_now(a_now)
+local now = now_from(a_now)
 local out = {}
 for _, c in ipairs(parse_limits(a_limits)) do
   counter_load(k_counts, c, now, false)
@@ -80,14 +80,14 @@ func readLimits(ctx context.Context, g *Gate, name, key string, p Policy, spec s
 // ARGV[2] the limits (limitSpec), ARGV[3] the limit (1-based), ARGV[4]
 // the units the vendor says were used in its window, ARGV[5] keep (µs).
 // Returns the units added (0: the gate's own count was as high).
-var countUsedScript = redis.NewScript(extendLua + countersLua + `
+var countUsedScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
 local a_limits = ARGV[2]
 local a_limit = tonumber(ARGV[3])
 local a_used = tonumber(ARGV[4])
 local a_keep = tonumber(ARGV[5])
-local now = redis_now(a_now)
+local now = now_from(a_now)
 local c = parse_limits(a_limits)[a_limit]
 if c == nil then return 0 end
 counter_load(k_counts, c, now, true)

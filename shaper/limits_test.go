@@ -23,12 +23,26 @@ func TestScriptBindings(t *testing.T) {
 	if got := len(keysOf("p", "g", "b").reserve()); got != len(reserveKeyNames) {
 		t.Errorf("bucketKeys.reserve passes %d keys, reserveKeyNames has %d", got, len(reserveKeyNames))
 	}
+	if got := len(keysOf("p", "g", "b").core()); got != len(coreKeyNames) {
+		t.Errorf("bucketKeys.core passes %d keys, coreKeyNames has %d", got, len(coreKeyNames))
+	}
+	// Replies name their codes (codesLua, made from the Go constants):
+	// a bare number where a code goes could drift from Go.
+	for name, body := range map[string]string{"reserve": reserveLua, "core": coreLua} {
+		if m := regexp.MustCompile(`return \{-?\d`).FindString(body); m != "" {
+			t.Errorf("the %s script returns a bare code (%q): use the names of codesLua", name, m)
+		}
+		if m := regexp.MustCompile(`reason(, \w+)* = (\w+, )*\d`).FindString(body); m != "" {
+			t.Errorf("the %s script sets a bare defer reason (%q): use the names of codesLua", name, m)
+		}
+	}
 	for _, sc := range []struct {
 		name, body string
 		keys       []string
 		args       interface{ argv() []any }
 	}{
 		{"reserve", reserveLua, reserveKeyNames, &reserveArgs{}},
+		{"core", coreLua, coreKeyNames, &coreArgs{}},
 		{"refused", refusedLua, refusedKeyNames, &refusedArgs{}},
 		{"apply", applyLua, applyKeyNames, &applyArgs{}},
 	} {

@@ -36,6 +36,9 @@ type reservation struct {
 	tick int64
 	// tolerance is a learned tolerance tighter than the policy's (0: none).
 	tolerance time.Duration
+	// server is the run_id of the server that answered, as the gate
+	// passed it or the script read it (noServer: INFO refused).
+	server string
 }
 
 // replicaLive is how long a replica's configured tick counts: a replica
@@ -83,16 +86,6 @@ end
 // (1/limitSlots of the window), and the state is at most
 // (span + horizon) / slot + 5 fields whatever the rate.
 const countersLua = `
-local function fmt(x) return string.format('%d', x) end
-
--- redis_now(override): Redis TIME in µs, or the override when positive
--- (ARGV[1] of every script, bound by each).
-local function redis_now(override)
-  if override and override > 0 then return override end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
 -- parse_limits(spec) reads "kind:rate:span:slot,..." (see limitSpec:
 -- kind q a quota, c a spaced limit counted for every call, s one
 -- counted for calls above one unit).
@@ -210,7 +203,7 @@ end
 // reserveKeyNames names the reserve script's KEYS, in order: the
 // script binds each to a local k_<name>, and bucketKeys.reserve returns
 // them in this order (TestScriptBindings keeps the three equal).
-var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "replicas", "epoch", "expiry", "total",
+var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "epoch", "expiry", "total",
 	"asking", "rates", "slots", "ticks", "counts", "total_counts", "held"}
 
 // reserveArgs are the reserve script's ARGV, in order: the script binds
@@ -252,6 +245,7 @@ type reserveArgs struct {
 	Ceiling       float64 `lua:"ceiling"`      // see raiseLua (Adapt.Ceiling)
 	Holder        string  `lua:"holder"`       // who holds the call until its tick (Request.Holder; "": no record)
 	HeldKeep      int64   `lua:"held_keep"`    // µs a held record outlives its tick
+	Server        string  `lua:"server"`       // the server's run_id as the gate knows it ("": ask INFO; noServer: unknown)
 }
 
 // argv returns the arguments in the order of the struct's fields.
@@ -263,7 +257,7 @@ func (a reserveArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
 		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
 		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
-		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Holder, a.HeldKeep}
+		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Holder, a.HeldKeep, a.Server}
 }
 
 // reserveScript reserves the next tick of one call, of its bucket and of
@@ -274,43 +268,20 @@ func (a reserveArgs) argv() []any {
 // cost at. Each step below is one function; the main part at the end
 // calls them in order.
 //
-// Returns {granted (0|1), wait (µs), reason, tick (µs), tolerance (µs; 0:
-// the policy's)}: when granted, wait is the time from Redis now to the
-// tick; when not, the time before asking again and reason says why (see
-// deferReason). A tolerance is returned when a margin was learned (see
-// Control.Refused).
-var reserveScript = redis.NewScript(minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua + reserveLua)
+// Returns {code (GRANTED or DEFERRED), wait (µs), reason, tick (µs),
+// tolerance (µs; 0: the policy's), run_id}: when granted, wait is the time
+// from Redis now to the tick; when not, the time before asking again and
+// reason says why (see deferReason). A tolerance is returned when a margin
+// was learned (see Control.Refused); run_id is the server's, as read by
+// INFO when the gate did not know it (noServer where INFO is refused).
+var reserveScript = redis.NewScript(codesLua + fmtLua + nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua +
+	lineLua + reserveLua)
 
 // reserveLua is the main part of the reserve script.
 const reserveLua = `-- Each step of the model is a function of its inputs, defined before the
 -- bindings below so that a call of the script creates no closure over
 -- them; the main part at the end binds KEYS and ARGV and calls the
 -- steps in order.
-
--- peer_tick: while replicas disagree on the config (a rolling edit), the
--- most conservative tick among those granted one lately wins. Each
--- replica records the tick of every policy it grants under (entry: its
--- own tick as passed, iv_s|burst_s), so a lowered rate applies to all
--- of them at once. A hash this makes anew expires in keep_ms (keep_alive
--- extends it with the rest).
-local function peer_tick(key, replica, iv_s, burst_s, live, keep_ms, now)
-  local interval, burst = tonumber(iv_s), tonumber(burst_s)
-  if replica ~= '' then
-    local added = redis.call('HSET', key, replica .. '|' .. iv_s .. '|' .. burst_s, iv_s .. '|' .. burst_s .. '|' .. fmt(now))
-    if added == 1 and redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, keep_ms) end
-  end
-  local peers = redis.call('HGETALL', key)
-  for i = 2, #peers, 2 do
-    local iv, b, seen = string.match(peers[i], '^(%d+)|(%d+)|(%d+)$')
-    if iv and now - tonumber(seen) < live then
-      interval = math.max(interval, tonumber(iv))
-      burst = math.min(burst, tonumber(b))
-    elseif iv and now - tonumber(seen) > 12 * live then
-      redis.call('HDEL', key, peers[i - 1])
-    end
-  end
-  return interval, burst
-end
 
 -- adapted_tick: what adaptation set (a lowered or learned rate, a learned
 -- guard from refusals at the full rate: network jitter, a vendor that
@@ -378,23 +349,33 @@ end
 -- written by another server than this one (a replica promoted by a
 -- failover, a restart from a snapshot or an append-only file) may be a
 -- stale copy that lacks the last ticks the old server granted: it counts
--- as lost. The server is told by its run_id (INFO server; new for every
--- server process), kept with the epoch ("run_id|switched_at") and with
--- each state ("run"). For keep after a switch, a missing state counts as
--- lost as well (it may never have reached this server). Where INFO is
+-- as lost. The server is told by its run_id (new for every server
+-- process): known, as the gate passes it (see server.go), or '' to read it
+-- from INFO server. It is kept with the epoch ("run_id|switched_at") and
+-- with each state ("run"). For keep after a switch, a missing state counts
+-- as lost as well (it may never have reached this server). Where INFO is
 -- not allowed, runid is '' and only missing states are detected. The
 -- epoch is set once per group: a state missing while it exists expired
 -- after idle or was lost (the expiry set tells which); with the epoch
--- missing too, this is a first start or Redis lost everything.
-local function server(k_epoch, keep, now)
-  local runid = ''
-  local info = redis.pcall('INFO', 'server')
-  if type(info) == 'string' then runid = string.match(info, 'run_id:(%w+)') or '' end
+-- missing too, this is a first start or Redis lost everything. Returns
+-- the run_id as the gate should know it (noServer where INFO is refused),
+-- then runid, epoch, switched.
+local function server(k_epoch, known, keep, now)
   local ep = redis.call('GET', k_epoch)
+  local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
+  -- What the gate knows is checked against INFO whenever it is not what
+  -- the epoch says (a first start, a loss, a switch the gate has not seen
+  -- yet): an epoch is never written from a run_id INFO did not give.
+  if known == '' or not ep or (known ~= '-' and erun ~= known) then
+    known = '-'
+    local info = redis.pcall('INFO', 'server')
+    if type(info) == 'string' then known = string.match(info, 'run_id:(%w+)') or '-' end
+  end
+  local runid = known
+  if runid == '-' then runid = '' end
   local epoch = ep ~= false
   local switched = false
   if runid ~= '' then
-    local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
     if not epoch then
       redis.call('SET', k_epoch, runid .. '|0')
     elseif erun ~= runid then
@@ -406,7 +387,7 @@ local function server(k_epoch, keep, now)
   elseif not epoch then
     redis.call('SET', k_epoch, fmt(now))
   end
-  return runid, epoch, switched
+  return known, runid, epoch, switched
 end
 
 -- log_at(l, k, span): the log of a state reset at l, its last k ticks as
@@ -514,40 +495,21 @@ local function counted_spaced(key, cs, costly_until, l, now, state, field)
   end
 end
 
--- keep_alive: the bucket's keys outlive untilv. They are extended a
--- little further than asked (a quarter of keep, at most a second), and
--- only once untilv passes what they were last extended to (kept, in the
--- gate hash), so that a busy bucket extends them a few times a keep
--- rather than on every grant.
-local function keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, member, untilv, kept, paused, keep, now)
-  if untilv <= kept then return end
-  untilv = untilv + math.min(1000000, math.floor(keep / 4))
-  extend(k_gate, untilv, now)
-  extend(k_replicas, untilv, now)
-  extend(k_ticks, untilv, now)
-  if redis.call('EXISTS', k_control) == 1 then extend(k_control, math.max(untilv, paused + keep), now) end
-  redis.call('ZADD', k_expiry, 'GT', untilv, member)
-  redis.call('ZREMRANGEBYSCORE', k_expiry, '-inf', now)
-  extend(k_expiry, untilv, now)
-  redis.call('HSET', k_gate, 'kept', fmt(untilv))
-end
-
 -- The main part.
 local k_gate = KEYS[1]
 local k_control = KEYS[2]
 local k_stats = KEYS[3]
 local k_inflight = KEYS[4]
-local k_replicas = KEYS[5]
-local k_epoch = KEYS[6]
-local k_expiry = KEYS[7]
-local k_total = KEYS[8]
-local k_asking = KEYS[9]
-local k_rates = KEYS[10]
-local k_slots = KEYS[11]
-local k_ticks = KEYS[12]
-local k_counts = KEYS[13]
-local k_total_counts = KEYS[14]
-local k_held = KEYS[15]
+local k_epoch = KEYS[5]
+local k_expiry = KEYS[6]
+local k_total = KEYS[7]
+local k_asking = KEYS[8]
+local k_rates = KEYS[9]
+local k_slots = KEYS[10]
+local k_ticks = KEYS[11]
+local k_counts = KEYS[12]
+local k_total_counts = KEYS[13]
+local k_held = KEYS[14]
 
 local a_now = tonumber(ARGV[1])
 local a_interval = ARGV[2]
@@ -584,12 +546,17 @@ local a_recheck = tonumber(ARGV[32])
 local a_ceiling = tonumber(ARGV[33])
 local a_holder = ARGV[34]
 local a_held_keep = tonumber(ARGV[35])
+local a_server = ARGV[36]
+local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
 
-local now = redis_now(a_now)
+local now = now_from(a_now)
 local tiv = a_total_interval
 
--- 1. The tick: the replicas', widened by adaptation and the fair share.
-local interval, burst = peer_tick(k_replicas, a_replica, a_interval, a_burst, a_replica_live, math.ceil(a_keep / 1000) + 1000, now)
+-- 1. The tick: the widest live one (see widest), widened by adaptation
+-- and the fair share.
+local wide = redis.call('HGET', k_gate, 'wide')
+local interval, burst, wide_now = widest(wide, tonumber(a_interval), tonumber(a_burst), a_replica, a_replica_live, now)
+if wide_now ~= wide then redis.call('HSET', k_gate, 'wide', wide_now) end
 local ctl = redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
 local rate
 local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
@@ -602,12 +569,12 @@ if tiv > 0 and a_member ~= '' then
 end
 
 -- 2. The state, and whether it was lost.
-local runid, epoch, switched = server(k_epoch, a_keep, now)
+local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
 local st = redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept')
 local last = tonumber(st[1])
 local n = tonumber(st[2]) or 0
 local logs = st[5]
-local reason = 1
+local reason = BEYOND_HORIZON
 -- The counters in use: every quota's, and the spaced limits' while calls
 -- of more than one unit come (costly_until: a span after the last one).
 -- Calls of one unit alone are kept by the spacing; the spaced counters
@@ -645,7 +612,7 @@ elseif last ~= nil and runid ~= '' and st[8] ~= runid then
   lost, certain = math.max(last, now + a_horizon), true
 end
 if lost then
-  last, n, reason, logs = lost, burst, 3, log_at(lost, a_log_len, a_span)
+  last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, a_log_len, a_span)
   redis.call('HSET', k_gate, 'last', fmt(last), 'n', n, 'run', runid, 'log', logs)
   redis.call('HINCRBY', k_stats, 'resets', 1)
   for _, c in ipairs(own) do
@@ -687,7 +654,7 @@ if tiv > 0 then
     redis.call('DEL', k_slots)
     redis.call('HSET', k_total, 'blocked', fmt(blocked), 'run', runid)
     if tlast == nil then tlast = blocked; tn = a_total_burst end
-    reason = 3
+    reason = STATE_RESET
     for _, c in ipairs(totals) do
       if c.kind ~= 'q' or stale then counter_fill(k_total_counts, c, blocked, now) end
     end
@@ -706,7 +673,7 @@ end
 local hi_until = tonumber(st[9]) or 0
 if not a_high and hi_until > now then
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {0, math.min(hi_until - now, math.max(interval, 5000)), 4, 0, 0}
+  return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0, known}
 end
 
 -- 6. The counters: a call starts once every counter admits its cost (a
@@ -773,15 +740,15 @@ if tick - now > horizon then
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
   redis.call('HSET', k_gate, field, fmt(at))
   if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval)) end
-  keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, a_member, math.max(at, last or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, now)
+  keep_alive(keys, math.max(at, last or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, 0, now)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {0, at - now, reason, 0, 0}
+  return {DEFERRED, at - now, reason, 0, 0, known}
 end
 if a_max_in_flight > 0 then
   redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
   if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
     redis.call('HINCRBY', k_stats, 'deferred', 1)
-    return {0, math.max(interval, 5000), 2, 0, 0}
+    return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
   end
   local lease = tick + a_lease_ttl
   redis.call('ZADD', k_inflight, fmt(lease), a_lease)
@@ -807,12 +774,10 @@ if k > 0 then
 end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if a_tick_log > 0 then
-  -- A list made anew (a give-up emptied it) is extended at once.
-  if redis.call('LPUSH', k_ticks, fmt(tick)) == 1 then extend(k_ticks, tick + a_keep + 1000000, now) end
-  redis.call('LTRIM', k_ticks, 0, a_tick_log - 1)
-end
-keep_alive(k_gate, k_replicas, k_control, k_expiry, k_ticks, a_member, math.max(tick, tonumber(st[3]) or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, now)
+if a_tick_log > 0 then log_tick(k_ticks, tick, a_tick_log, a_keep, now) end
+-- Who holds the call until its tick (see HeldBy).
+if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
+keep_alive(keys, math.max(tick, tonumber(st[3]) or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, a_held_keep, now)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
@@ -826,36 +791,125 @@ if tiv > 0 then
   for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
   if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
 end
--- 10. Who holds the call until its tick (see HeldBy).
-if a_holder ~= '' then
-  redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder)
-  redis.call('ZREMRANGEBYSCORE', k_held, '-inf', '(' .. fmt(now - a_held_keep))
-  extend(k_held, tick + a_held_keep, now)
-end
 count(k_stats, 'granted', now)
-return {1, tick - now, 0, tick, tonumber(ctl[5]) or 0}
+return {GRANTED, tick - now, 0, tick, tonumber(ctl[5]) or 0, known}
 `
 
+// fullFor is how long a bucket the core script handed to the full one
+// stays with the full one: what the core script cannot decide (a learned
+// rate, counters in use after a costly call) lasts a while, and asking
+// the core script first would cost a second round trip on every grant.
+const fullFor = time.Second
+
 // reserve asks for the next tick of a call of req in one Redis round
-// trip. Being deferred is not an error: errors mean Redis failed.
+// trip (two when the core script hands the call to the full one, at most
+// once per fullFor). Being deferred is not an error: errors mean Redis
+// failed.
 func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) {
+	srv := &b.gate.srv
+	for {
+		now := b.gate.clock.Now()
+		server, dials := srv.known(b.group, now)
+		r, err := b.reserveAt(ctx, req, server, now)
+		if err != nil {
+			return reservation{}, err
+		}
+		if server == "" || r.server != server {
+			// Read by INFO: the script asked the server itself.
+			srv.learn(b.group, r.server, dials, now)
+		}
+		if server == "" {
+			return r, nil
+		}
+		if srv.still(dials) {
+			return r, nil
+		}
+		// A connection was dialed since the arguments were built: the
+		// reply may come from another server than the one they name (a
+		// failover, a restart). Give the tick up and ask again, with INFO.
+		if r.ok {
+			if err := b.giveUp(ctx, r.lease, "", r.tick, req.Cost); err != nil {
+				return reservation{}, err
+			}
+		}
+	}
+}
+
+// reserveAt runs the core script when the bucket and the call have the
+// common shape and the server is known, else (or when the core script
+// hands the call over) the full one.
+func (b *Bucket) reserveAt(ctx context.Context, req Request, server string, now time.Time) (reservation, error) {
+	if b.core && server != "" && max(req.Cost, 1) == 1 && req.Lane == Normal && now.UnixNano() >= b.fullUntil.Load() {
+		args := b.coreArgs(req, server)
+		res, err := coreScript.Run(ctx, b.gate.rdb, b.keys.core(), args.argv()...).Slice()
+		if err != nil {
+			return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
+		}
+		if r, ok, err := b.parseReply(res, server); ok || err != nil {
+			return r, err
+		}
+		b.fullUntil.Store(now.Add(fullFor).UnixNano())
+	}
 	var lease string
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
 	}
-	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), b.reserveArgs(req, lease).argv()...).Int64Slice()
+	args := b.reserveArgs(req, lease)
+	args.Server = server
+	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), args.argv()...).Slice()
 	if err != nil {
 		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 	}
-	if len(res) != 5 {
-		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
+	r, ok, err := b.parseReply(res, server)
+	if err == nil && !ok {
+		err = fmt.Errorf("shaper: reserve a tick for %q: the full script handed the call over: %v", b.name, res)
 	}
-	r := reservation{ok: res[0] == 1, wait: time.Duration(res[1]) * time.Microsecond, reason: deferReason(res[2]),
-		tick: res[3], tolerance: time.Duration(res[4]) * time.Microsecond}
 	if r.ok {
 		r.lease = lease
 	}
-	return r, nil
+	return r, err
+}
+
+// parseReply reads a reserve script's reply: {code, wait, reason, tick,
+// tolerance[, run_id]} (see reserveScript); ok is false when the core
+// script handed the call to the full one.
+func (b *Bucket) parseReply(res []any, server string) (r reservation, ok bool, err error) {
+	bad := func() (reservation, bool, error) {
+		return reservation{}, false, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
+	}
+	if len(res) == 1 && res[0] == int64(replyFull) {
+		return reservation{}, false, nil
+	}
+	if len(res) < 5 {
+		return bad()
+	}
+	var n [5]int64
+	for i := range n {
+		v, isInt := res[i].(int64)
+		if !isInt {
+			return bad()
+		}
+		n[i] = v
+	}
+	r = reservation{ok: n[0] == replyGranted, wait: time.Duration(n[1]) * time.Microsecond, reason: deferReason(n[2]),
+		tick: n[3], tolerance: time.Duration(n[4]) * time.Microsecond, server: server}
+	if len(res) > 5 {
+		r.server, _ = res[5].(string)
+	}
+	return r, true, nil
+}
+
+// coreArgs builds the core script's arguments for one call.
+func (b *Bucket) coreArgs(req Request, server string) coreArgs {
+	p := b.policy
+	iv, burst, guard, _ := b.spacing()
+	return coreArgs{
+		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
+		Span: (p.Limits[0].Window + guard).Microseconds(), Window: p.Limits[0].Window.Microseconds(),
+		Rate: float64(p.Limits[0].Rate), Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
+		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server,
+		Holder: req.Holder, HeldKeep: heldKeep.Microseconds(),
+	}
 }
 
 // reserveArgs builds the reserve script's arguments for one call.
@@ -901,7 +955,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 // the tick given up (µs; 0: none), ARGV[5] its cost, ARGV[6] the bucket's
 // limits, ARGV[7] the total's (limitSpec; "" without one).
 // Returns 0.
-var giveUpScript = redis.NewScript(extendLua + countersLua + `
+var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + `
 local k_inflight, k_stats, k_ticks, k_counts, k_total_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local a_tick_s, a_lease, a_counter = ARGV[4], ARGV[2], ARGV[3]
 local a_tick, a_cost = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -16,27 +16,22 @@ import (
 const respaceSlack = 100 * time.Millisecond
 
 // respaceScript brings a bucket's line of reserved ticks back to now, and
-// takes out the configured ticks this replica recorded under policies
-// other than the current one, so that a raised rate is not held back by
-// the old tick for replicaLive.
+// forgets the widest tick (see widest) when this replica recorded it under
+// another policy than the current one, so that a raised rate is not held
+// back by the old tick for replicaLive.
 //
-// KEYS[1] gate hash, KEYS[2] replicas hash.
+// KEYS[1] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] slack (µs), ARGV[3]
-// respace channel, ARGV[4] bucket name, ARGV[5] the replica's id ("" for
-// none), ARGV[6] its entry under the current policy (see the reserve
-// script).
+// respace channel, ARGV[4] bucket name, ARGV[5] the replica's id, ARGV[6]
+// its tick under the current policy ("interval|burst", µs).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
 // was published), else 0.
 var respaceScript = redis.NewScript(nowLua + respaceLua + `
-local k_gate, k_replicas = KEYS[1], KEYS[2]
-local a_slack, a_channel, a_bucket, a_replica, a_entry = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local k_gate = KEYS[1]
+local a_slack, a_channel, a_bucket, a_replica, a_tick = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
-if a_replica ~= '' then
-  local mine = a_replica .. '|'
-  for _, f in ipairs(redis.call('HKEYS', k_replicas)) do
-    if f ~= a_entry and string.sub(f, 1, #mine) == mine then redis.call('HDEL', k_replicas, f) end
-  end
-end
+local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|%d+|(.*)$')
+if who == a_replica and iv .. '|' .. b ~= a_tick then redis.call('HDEL', k_gate, 'wide') end
 return respace(k_gate, now, a_slack, a_channel, a_bucket)
 `)
 
@@ -69,8 +64,10 @@ end
 func (c *Control) Respace(ctx context.Context) error {
 	b := c.b
 	b.gate.supersede(b)
-	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.replicas}, b.gate.redisNow(),
-		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica, b.replicaField()).Int64()
+	iv, burst, _, _ := b.spacing()
+	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate}, b.gate.redisNow(),
+		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica,
+		fmt.Sprintf("%d|%d", iv.Microseconds(), burst)).Int64()
 	if err != nil {
 		return fmt.Errorf("shaper: respace %q: %w", b.name, err)
 	}
@@ -78,14 +75,4 @@ func (c *Control) Respace(ctx context.Context) error {
 		b.gate.noteRespace(b.name, b.gate.clock.Now())
 	}
 	return nil
-}
-
-// replicaField is the bucket's entry in its replicas hash for this
-// process and policy (the reserve script writes the same).
-func (b *Bucket) replicaField() string {
-	if b.gate.replica == "" {
-		return ""
-	}
-	iv, burst, _, _ := b.spacing()
-	return fmt.Sprintf("%s|%d|%d", b.gate.replica, iv.Microseconds(), burst)
 }

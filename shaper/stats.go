@@ -9,21 +9,33 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// minuteCounterLua defines count(key, name, now): it adds one to the
-// counter name of hash key, and to its count for the current clock minute
-// (two slots, name_m0/name_c0 and name_m1/name_c1, by minute parity), so
-// that stats can tell the last minute from the total in constant space.
+// minuteCounterLua defines count(key, name, now): it adds one to counter
+// name of hash key, counted per clock minute in two slots by minute
+// parity (name_m0/name_c0 and name_m1/name_c1), so that stats can tell the
+// last minute from the total in constant space. When a slot moves to a
+// new minute (roll), the count it held is folded into name: the total is
+// name + name_c0 + name_c1 (see counterTotal).
 const minuteCounterLua = `
+local function roll(key, name, slot, m)
+  local held, c = unpack(redis.call('HMGET', key, name .. '_m' .. slot, name .. '_c' .. slot))
+  if tonumber(held) == m then return end
+  c = tonumber(c) or 0
+  if c > 0 then redis.call('HINCRBY', key, name, c) end
+  redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
+end
 local function count(key, name, now)
   local m = math.floor(now / 60000000)
   local slot = tostring(m % 2)
-  if tonumber(redis.call('HGET', key, name .. '_m' .. slot)) ~= m then
-    redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
-  end
+  roll(key, name, slot, m)
   redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
-  redis.call('HINCRBY', key, name, 1)
 end
 `
+
+// counterTotal is the total of a counter of minuteCounterLua: what was
+// folded into name, and both minute slots.
+func counterTotal(name string, num func(string) int64) int64 {
+	return num(name) + num(name+"_c0") + num(name+"_c1")
+}
 
 // Stats is a snapshot of one bucket, read in one round trip.
 type Stats struct {
@@ -154,13 +166,13 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		ConfiguredRate: EffectiveRate(civ, cburst, window),
 		PauseReason:    v["pause_reason"],
 		RateReason:     v["rate_reason"],
-		Granted:        num("granted"),
+		Granted:        counterTotal("granted", num),
 		Deferred:       num("deferred"),
 		Late:           num("late"),
 		Pauses:         num("pauses"),
 		Resets:         num("resets"),
 		Dropped:        num("dropped"),
-		RateLimited:    num("rate_limited"),
+		RateLimited:    counterTotal("rate_limited", num),
 		InFlight:       num("in_flight"),
 	}
 	st.GrantedLastMinute = lastMinute(now, "granted", num)

@@ -6,7 +6,6 @@ package report
 
 import (
 	"context"
-	"sort"
 	"strconv"
 	"time"
 
@@ -214,16 +213,13 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 	if st.PausedFor > 0 {
 		vs.PausedUntil = time.Now().UTC().Add(st.PausedFor).Format(time.RFC3339)
 	}
-	if reps, err := b.Control().Replicas(ctx); err == nil {
-		seen := map[float64]bool{}
-		for _, r := range reps {
-			seen[Round2(shaper.EffectiveRate(r.Interval, r.Burst, v.Window))] = true
-		}
-		if len(seen) > 1 {
-			for r := range seen {
-				vs.ReplicaRates = append(vs.ReplicaRates, r)
-			}
-			sort.Float64s(vs.ReplicaRates)
+	// While replicas disagree (a rolling edit), the gate spaces by the
+	// widest tick one of them asked under lately: show it beside this
+	// config's.
+	if w, ok, err := b.Control().Widest(ctx); err == nil && ok {
+		mine, wide := Round2(st.ConfiguredRate), Round2(shaper.EffectiveRate(w.Interval, w.Burst, v.Window))
+		if mine != wide {
+			vs.ReplicaRates = []float64{min(mine, wide), max(mine, wide)}
 		}
 	}
 	if v.PerAccount {

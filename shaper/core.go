@@ -1,0 +1,219 @@
+package shaper
+
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Reply codes of the reserve scripts (the first element of their reply),
+// shared with Go: the scripts name them through codesLua, made from these
+// constants, so the two cannot drift.
+const (
+	replyDeferred = 0 // no tick: ask again after the wait; the reason says why
+	replyGranted  = 1 // a tick, the wait away from Redis now
+	replyFull     = 2 // the core script cannot decide: run the full one
+)
+
+// codesLua names the reply codes and the defer reasons in the scripts.
+var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, USE_FULL = %d, %d, %d
+local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH = %d, %d, %d, %d
+`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh)
+
+// fmtLua defines fmt(x): an integer as a string, without exponent.
+const fmtLua = `
+local function fmt(x) return string.format('%d', x) end
+`
+
+// lineLua defines the pieces of a bucket's line of ticks that the core
+// and the full reserve script share.
+var lineLua = `
+-- widest(wide, iv, b, replica, live, now): while replicas disagree on the
+-- config (a rolling edit), the most conservative tick granted under lately
+-- wins. The gate hash's 'wide' ("interval|burst|seen|replica") holds it: a
+-- caller whose tick is at least as wide takes its place, and it stops
+-- counting live after it was last asked under. Returns the interval and
+-- burst to space by and the field's value after the call.
+local function widest(wide, iv, b, replica, live, now)
+  local wiv, wb, seen, who = string.match(wide or '', '^(%d+)|(%d+)|(%d+)|(.*)$')
+  wiv, wb, seen = tonumber(wiv), tonumber(wb), tonumber(seen)
+  if wiv == nil or now - seen >= live or (iv >= wiv and b <= wb) then
+    -- The same tick as recorded, by the same replica, recently: no need
+    -- to write it again.
+    if wiv == iv and wb == b and who == replica and now - seen < live / 4 then return iv, b, wide end
+    return iv, b, fmt(iv) .. '|' .. fmt(b) .. '|' .. fmt(now) .. '|' .. replica
+  end
+  return math.max(iv, wiv), math.min(b, wb), wide
+end
+
+-- keep_alive(k, untilv, kept, paused, keep, held_keep, now): the bucket's
+-- keys (k: gate, control, ticks, expiry, held, member) outlive untilv, and
+-- the held record loses the entries held_keep past their tick. The keys
+-- are extended a little further than asked (a quarter of keep, at most a
+-- second), and only once untilv passes what they were last extended to
+-- (kept, in the gate hash), so that a busy bucket extends them a few times
+-- a keep rather than on every grant.
+local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
+  if untilv <= kept then return end
+  untilv = untilv + math.min(1000000, math.floor(keep / 4))
+  extend(k.gate, untilv, now)
+  extend(k.ticks, untilv, now)
+  if redis.call('EXISTS', k.control) == 1 then extend(k.control, math.max(untilv, paused + keep), now) end
+  redis.call('ZADD', k.expiry, 'GT', untilv, k.member)
+  redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
+  extend(k.expiry, untilv, now)
+  if held_keep > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.held, '-inf', '(' .. fmt(now - held_keep))
+    extend(k.held, untilv + held_keep, now)
+  end
+  redis.call('HSET', k.gate, 'kept', fmt(untilv))
+end
+
+-- log_tick(key, tick, len, keep, now): the ticks list (newest first) gets
+-- tick; it is cut back to len once it holds tickTrim more, and a list
+-- made anew expires keep after the tick.
+local function log_tick(key, tick, len, keep, now)
+  local n = redis.call('LPUSH', key, fmt(tick))
+  if n == 1 then extend(key, tick + keep + 1000000, now) end
+  if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
+end
+
+-- count_granted(key, m, gm): one more grant in clock minute m in the
+-- stats hash key (see minuteCounterLua); gm is the minute the bucket last
+-- counted in (its gate hash keeps it), so the minute's slot is checked
+-- once a minute per bucket, not on every grant.
+local function count_granted(key, m, gm)
+  local slot = tostring(m % 2)
+  if gm ~= m then roll(key, 'granted', slot, m) end
+  redis.call('HINCRBY', key, 'granted_c' .. slot, 1)
+end
+`
+
+// tickTrim is how many ticks past its length the ticks list holds before
+// it is cut back: one LTRIM per tickTrim grants instead of one each.
+const tickTrim = 32
+
+var tickTrimLua = fmt.Sprint(tickTrim)
+
+// coreKeyNames names the core script's KEYS, in order (TestScriptBindings).
+var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "held"}
+
+// coreKeys lists the core script's keys, in the order of coreKeyNames.
+func (k bucketKeys) core() []string {
+	return []string{k.gate, k.control, k.stats, k.ticks, k.expiry, k.held}
+}
+
+// coreArgs are the core script's ARGV, in order (TestScriptBindings).
+type coreArgs struct {
+	Now      int64   `lua:"now"`       // Redis time override (µs; 0: TIME)
+	Interval int64   `lua:"interval"`  // tick interval (µs) of the caller's policy
+	Burst    int     `lua:"burst"`     // calls per tick of the caller's policy
+	Horizon  int64   `lua:"horizon"`   // µs: no tick is reserved further ahead
+	Span     int64   `lua:"span"`      // the limit's window + guard (µs)
+	Window   int64   `lua:"window"`    // the limit's window (µs)
+	Rate     float64 `lua:"rate"`      // the configured rate (calls per window)
+	Keep     int64   `lua:"keep"`      // µs the state outlives its last tick
+	Member   string  `lua:"member"`    // the bucket's name in its group ("" for a group of one)
+	Replica  string  `lua:"replica"`   // the caller's replica id
+	Live     int64   `lua:"live"`      // µs a policy granted under keeps counting (replicaLive)
+	TickLog  int     `lua:"tick_log"`  // length of the ticks list
+	Server   string  `lua:"server"`    // the server's run_id as the gate knows it (noServer: unknown)
+	Holder   string  `lua:"holder"`    // who holds the call until its tick ("": no record)
+	HeldKeep int64   `lua:"held_keep"` // µs a held record outlives its tick
+}
+
+// argv returns the arguments in the order of the struct's fields.
+func (a coreArgs) argv() []any {
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Span, a.Window, a.Rate, a.Keep, a.Member, a.Replica,
+		a.Live, a.TickLog, a.Server, a.Holder, a.HeldKeep}
+}
+
+// coreScript reserves the next tick of a call of the common bucket: one
+// limit, no total, no in-flight cap, no warm-up, a call of one unit in
+// the normal lane. What it cannot decide alone it hands to the full
+// reserve script (USE_FULL): a state missing or written by another server
+// (first use, expiry, a failover), counters in use after a costly call, a
+// learned rate that may step up. Otherwise: the widest live tick, widened
+// by what adaptation set (a rate, a learned guard), after any pause; a
+// normal call steps aside while a high one waits; beyond the horizon the
+// caller comes back one tick after the last deferred one.
+//
+// Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
+// policy's)}, as the full script (see reserveScript).
+var coreScript = redis.NewScript(codesLua + fmtLua + nowLua + extendLua + minuteCounterLua + spacingLua + lineLua + coreLua)
+
+const coreLua = `
+local k_gate = KEYS[1]
+local k_control = KEYS[2]
+local k_stats = KEYS[3]
+local k_ticks = KEYS[4]
+local k_expiry = KEYS[5]
+local k_held = KEYS[6]
+local a_now = tonumber(ARGV[1])
+local a_interval = tonumber(ARGV[2])
+local a_burst = tonumber(ARGV[3])
+local a_horizon = tonumber(ARGV[4])
+local a_span = tonumber(ARGV[5])
+local a_window = tonumber(ARGV[6])
+local a_rate = tonumber(ARGV[7])
+local a_keep = tonumber(ARGV[8])
+local a_member = ARGV[9]
+local a_replica = ARGV[10]
+local a_live = tonumber(ARGV[11])
+local a_tick_log = tonumber(ARGV[12])
+local a_server = ARGV[13]
+local a_holder = ARGV[14]
+local a_held_keep = tonumber(ARGV[15])
+local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
+
+local now = now_from(a_now)
+local last, n, defer_at, run, wide, kept, hi_until, costly_until, gm = unpack(redis.call('HMGET', k_gate,
+  'last', 'n', 'defer_at', 'run', 'wide', 'kept', 'hi_until', 'costly_until', 'gm'))
+last, n, kept, gm = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm)
+local server = a_server
+if server == '-' then server = '' end
+if a_server == '' or last == nil or run ~= server or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
+local paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control,
+  'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
+if source == 'learned' then return {USE_FULL} end
+paused, rate, guard = tonumber(paused) or 0, tonumber(rate), tonumber(guard)
+
+-- The tick: the widest live one, widened by a rate set or announced and
+-- by a guard learned from refusals.
+local interval, burst, wide_now = widest(wide, a_interval, a_burst, a_replica, a_live, now)
+if rate and rate > 0 then
+  local iv, b = spacing(rate, burst, a_span)
+  interval, burst = math.max(interval, iv), b
+end
+if guard and guard > 0 then
+  local iv, b = spacing(rate or a_rate, burst, a_window + guard)
+  interval, burst = math.max(interval, iv), b
+end
+hi_until = tonumber(hi_until) or 0
+if hi_until > now then
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0}
+end
+
+local tick = math.max(now, paused)
+if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
+if tick - now > a_horizon then
+  local at = math.max(tick - a_horizon, (tonumber(defer_at) or 0) + math.floor(interval / burst))
+  redis.call('HSET', k_gate, 'defer_at', fmt(at), 'wide', wide_now)
+  keep_alive(keys, math.max(at, last) + a_keep, kept, paused, a_keep, 0, now)
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  return {DEFERRED, at - now, BEYOND_HORIZON, 0, 0}
+end
+
+if tick == last then n = n + 1 else n = 1 end
+local m = math.floor(now / 60000000)
+local set = {'last', fmt(tick), 'n', n}
+if wide_now ~= wide then set[#set + 1], set[#set + 2] = 'wide', wide_now end
+if m ~= gm then set[#set + 1], set[#set + 2] = 'gm', fmt(m) end
+redis.call('HSET', k_gate, unpack(set))
+log_tick(k_ticks, tick, a_tick_log, a_keep, now)
+if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
+keep_alive(keys, math.max(tick, tonumber(defer_at) or 0) + a_keep, kept, paused, a_keep, a_held_keep, now)
+count_granted(k_stats, m, gm)
+return {GRANTED, tick - now, 0, tick, tonumber(tol) or 0}
+`

@@ -1,0 +1,129 @@
+package shaper
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The gate must tell when the Redis server behind a bucket is not the one
+// that granted its last ticks (a replica promoted by a failover, a
+// restart from a snapshot): such a copy may lack those ticks, and its
+// state counts as lost. A server is named by its run_id (INFO server, new
+// for every server process). Asking INFO on every grant cost more Redis
+// time than the rest of a grant, so the gate asks once and passes the
+// answer to the scripts, and asks again when the answer may have changed:
+//
+//   - a new connection was dialed by the gate's client (a failover or a
+//     restart always means new connections: the gate counts dials with a
+//     go-redis dial hook);
+//   - a grant came back over a connection dialed after its arguments were
+//     built (the grant is given up and asked again);
+//   - serverCheck passed since the last answer (a proxy that keeps client
+//     connections across a failover is seen within it).
+//
+// Where the gate cannot count dials (a client other than *redis.Client
+// and *redis.ClusterClient), every grant asks INFO, as the full reserve
+// script always did.
+
+// serverCheck is how long a server's run_id is trusted without a dial.
+const serverCheck = time.Second
+
+// maxServers bounds the run_ids a gate keeps (one per group: on Redis
+// Cluster groups live on different servers).
+const maxServers = 4096
+
+// noServer is the run_id the scripts report where INFO is not allowed:
+// only missing states are detected there.
+const noServer = "-"
+
+// servers is a gate's knowledge of the servers its groups live on.
+type servers struct {
+	hooked bool          // dials are counted
+	dials  atomic.Uint64 // connections dialed by the gate's client
+
+	mu  sync.Mutex
+	ids map[string]serverID // by group
+}
+
+// serverID is a group's server as last seen: its run_id, the dial count
+// when it was asked and the local time of the answer.
+type serverID struct {
+	id    string
+	dials uint64
+	at    time.Time
+}
+
+// watchDials counts the connections rdb dials, where the client type
+// allows it, and reports whether it does.
+func (s *servers) watchDials(rdb redis.UniversalClient) {
+	hook := dialCounter{n: &s.dials}
+	switch c := rdb.(type) {
+	case *redis.Client:
+		c.AddHook(hook)
+		s.hooked = true
+	case *redis.ClusterClient:
+		// Node clients made from now on, then those that exist.
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(hook) })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		add := func(_ context.Context, n *redis.Client) error { n.AddHook(hook); return nil }
+		s.hooked = c.ForEachMaster(ctx, add) == nil && c.ForEachSlave(ctx, add) == nil
+	}
+	s.ids = map[string]serverID{}
+}
+
+// known returns the run_id to pass the scripts for group ("": ask INFO)
+// and the dial count it stands for.
+func (s *servers) known(group string, now time.Time) (string, uint64) {
+	d := s.dials.Load()
+	if !s.hooked {
+		return "", d
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.ids[group]
+	if !ok || id.dials != d || now.Sub(id.at) > serverCheck || now.Before(id.at) {
+		return "", d
+	}
+	return id.id, d
+}
+
+// learn records the run_id a script read for group with dial count d, as
+// long as no connection was dialed since.
+func (s *servers) learn(group, id string, d uint64, now time.Time) {
+	if !s.hooked || id == "" || s.dials.Load() != d {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ids) >= maxServers {
+		clear(s.ids)
+	}
+	s.ids[group] = serverID{id: id, dials: d, at: now}
+}
+
+// still reports whether no connection was dialed since dial count d: a
+// reply to arguments built at d came from the server they name.
+func (s *servers) still(d uint64) bool { return s.dials.Load() == d }
+
+// dialCounter is a go-redis hook that counts dialed connections.
+type dialCounter struct{ n *atomic.Uint64 }
+
+func (h dialCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		h.n.Add(1)
+		return c, err
+	}
+}
+
+func (h dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
