@@ -35,7 +35,7 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 		return fmt.Errorf("shaper: set the rate of %q to %v: the rate must be positive", b.name, rate)
 	}
 	rate = min(rate, c.configured())
-	err := setRateScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(),
+	err := setRateScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(),
 		strconv.FormatFloat(rate, 'f', -1, 64), reason, source, b.keep.Microseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("shaper: set the rate of %q: %w", b.name, err)
@@ -45,12 +45,13 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 
 // setRateScript sets the effective rate.
 //
-// KEYS[1] control hash.
+// KEYS[1] control hash, KEYS[2] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] rate, ARGV[3]
 // reason, ARGV[4] source, ARGV[5] keep (µs): the hash lives at least this
 // long (every grant extends it). Returns 0.
-var setRateScript = redis.NewScript(nowLua + extendLua + `
+var setRateScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
+adapted(KEYS[2])
 redis.call('HSET', KEYS[1], 'rate', ARGV[2], 'rate_reason', ARGV[3], 'rate_source', ARGV[4])
 extend(KEYS[1], now + tonumber(ARGV[5]), now)
 return 0
@@ -87,13 +88,13 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 // multiplicatively, at most once per cooldown, never below the last rate
 // that stayed quiet (lo) when the failure came above it.
 //
-// KEYS[1] control hash.
+// KEYS[1] control hash, KEYS[2] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] configured rate,
 // ARGV[3] decrease factor (0..1), ARGV[4] floor rate, ARGV[5] cooldown
 // (µs), ARGV[6] reason, ARGV[7] keep (µs): the hash lives at least this
 // long.
 // Returns the effective rate after the call, as a string.
-var lowerScript = redis.NewScript(nowLua + extendLua + `
+var lowerScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
 extend(KEYS[1], now + tonumber(ARGV[7]), now)
 local c = redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo')
@@ -103,6 +104,7 @@ if now - (tonumber(c[2]) or 0) < tonumber(ARGV[5]) then
   return tostring(cur)
 end
 local new = math.max(cur * tonumber(ARGV[3]), tonumber(ARGV[4]))
+adapted(KEYS[2])
 local lo = tonumber(c[3])
 if lo and lo < cur and lo > new then
   new = lo
@@ -121,7 +123,7 @@ func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error)
 	b := c.b
 	a := b.policy.Adapt.withDefaults()
 	cooldown := b.policy.Limits[0].Window + b.policy.Guard
-	s, err := lowerScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), c.configured(), a.Decrease,
+	s, err := lowerScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(), c.configured(), a.Decrease,
 		c.configured()*a.Floor, cooldown.Microseconds(), reason, b.keep.Microseconds()).Text()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: lower the rate of %q: %w", b.name, err)

@@ -167,16 +167,20 @@ local a_held_keep = tonumber(ARGV[15])
 local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
 
 local now = now_from(a_now)
-local last, n, defer_at, run, wide, kept, hi_until, costly_until, gm = unpack(redis.call('HMGET', k_gate,
-  'last', 'n', 'defer_at', 'run', 'wide', 'kept', 'hi_until', 'costly_until', 'gm'))
+local last, n, defer_at, run, wide, kept, hi_until, costly_until, gm, adapted = unpack(redis.call('HMGET', k_gate,
+  'last', 'n', 'defer_at', 'run', 'wide', 'kept', 'hi_until', 'costly_until', 'gm', 'adapted'))
 last, n, kept, gm = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm)
 local server = a_server
 if server == '-' then server = '' end
 if a_server == '' or last == nil or run ~= server or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
-local paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control,
-  'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
-if source == 'learned' then return {USE_FULL} end
-paused, rate, guard = tonumber(paused) or 0, tonumber(rate), tonumber(guard)
+-- What adaptation set (see adaptedLua), read only when it is there.
+local paused, rate, source, guard, tol = 0, nil, nil, nil, nil
+if adapted then
+  paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
+  if source == 'learned' then return {USE_FULL} end
+  paused, rate, guard = tonumber(paused) or 0, tonumber(rate), tonumber(guard)
+  if paused <= now and not rate and not guard and not tol then redis.call('HDEL', k_gate, 'adapted') end
+end
 
 -- The tick: the widest live one, widened by a rate set or announced and
 -- by a guard learned from refusals.

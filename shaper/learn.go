@@ -87,7 +87,7 @@ func (a refusedArgs) argv() []any {
 }
 
 // refusedKeyNames are the refused script's KEYS, in order.
-var refusedKeyNames = []string{"control", "ticks", "limited", "stats"}
+var refusedKeyNames = []string{"control", "ticks", "limited", "stats", "gate"}
 
 // refusedLua counts a rate-limited answer, records the refused tick,
 // and either returns the evidence to judge it on or, within the cooldown
@@ -105,6 +105,7 @@ local k_control = KEYS[1]
 local k_ticks = KEYS[2]
 local k_limited = KEYS[3]
 local k_stats = KEYS[4]
+local k_gate = KEYS[5]
 local a_now = tonumber(ARGV[1])
 local a_tick_s = ARGV[2]
 local a_cooldown = tonumber(ARGV[3])
@@ -129,7 +130,7 @@ local mode = 1
 if now - (tonumber(c[1]) or 0) < a_cooldown then
   if c[2] == 'rate' then
     local left = 0
-    if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_pause_reason, a_channel, a_bucket, a_keep) end
+    if a_pause > 0 then left = pause(k_control, k_gate, k_stats, now, a_pause, a_pause_reason, a_channel, a_bucket, a_keep) end
     return {0, c[2], left}
   end
   if c[2] == 'margin' then mode = 2 end
@@ -194,10 +195,11 @@ if a_fields ~= '' and (redis.call('HGET', k_control, 'lesson_tick') or '') == a_
   end
   redis.call('HSET', k_control, unpack(set))
   extend(k_control, now + a_keep, now)
+  adapted(k_gate)
   taught = 1
 end
 local left = 0
-if a_pause > 0 then left = pause(k_control, k_stats, now, a_pause, a_reason, a_channel, a_bucket, a_keep) end
+if a_pause > 0 then left = pause(k_control, k_gate, k_stats, now, a_pause, a_reason, a_channel, a_bucket, a_keep) end
 local respaced = 0
 if taught == 1 and a_respace then respaced = respace(k_gate, now, a_slack, a_respace_ch, a_bucket) end
 return {taught, left, respaced}
@@ -229,7 +231,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	pauseCh := pauseChannel(b.gate.prefix)
 	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
 		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name}
-	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats}, ra.argv()...).Slice()
+	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)
 	}

@@ -10,17 +10,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// pauseLua defines pause(k_control, k_stats, now, d, reason, channel,
-// bucket, keep): it pauses a bucket for d (µs) from now, unless a longer
-// pause is in force, and returns the pause remaining (µs). A new or longer
-// pause is counted, and published as "<bucket>|<µs remaining>" so that
-// watching gates drop the ticks their callers were granted before it; the
-// control hash outlives the pause by keep.
-const pauseLua = `
-local function pause(k_control, k_stats, now, d, reason, channel, bucket, keep)
+// adaptedLua defines adapted(k_gate): the bucket's gate hash, if there
+// is one, says that its control hash holds something that shapes it (a
+// pause, a rate, a learned guard), so that the core script reads it. Every
+// writer of such a field calls it; the full reserve script sets the mark
+// again when it makes a gate hash anew while one is in force, and the core
+// script takes it away once nothing is.
+const adaptedLua = `
+local function adapted(k_gate)
+  if redis.call('EXISTS', k_gate) == 1 then redis.call('HSET', k_gate, 'adapted', '1') end
+end
+`
+
+// pauseLua defines pause(k_control, k_gate, k_stats, now, d, reason,
+// channel, bucket, keep): it pauses a bucket for d (µs) from now, unless
+// a longer pause is in force, and returns the pause remaining (µs). A new
+// or longer pause is counted, and published as "<bucket>|<µs remaining>"
+// so that watching gates drop the ticks their callers were granted before
+// it; the control hash outlives the pause by keep.
+const pauseLua = adaptedLua + `
+local function pause(k_control, k_gate, k_stats, now, d, reason, channel, bucket, keep)
   local untilv = now + d
   local cur = tonumber(redis.call('HGET', k_control, 'paused_until')) or 0
   if untilv > cur then
+    adapted(k_gate)
     if cur <= now then redis.call('HSET', k_control, 'pause_from', string.format('%d', now)) end
     redis.call('HSET', k_control, 'paused_until', string.format('%d', untilv), 'pause_reason', reason)
     redis.call('HINCRBY', k_stats, 'pauses', 1)
@@ -34,15 +47,15 @@ end
 
 // pauseScript pauses a bucket for every replica (see pauseLua).
 //
-// KEYS[1] control hash, KEYS[2] stats hash.
+// KEYS[1] control hash, KEYS[2] stats hash, KEYS[3] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] pause length (µs)
 // from Redis now, ARGV[3] reason, ARGV[4] pause channel, ARGV[5] bucket
 // name, ARGV[6] keep (µs). Returns the pause remaining (µs). A pause only
 // ever extends.
 var pauseScript = redis.NewScript(nowLua + extendLua + pauseLua + `
-local k_control, k_stats = KEYS[1], KEYS[2]
+local k_control, k_stats, k_gate = KEYS[1], KEYS[2], KEYS[3]
 local a_pause, a_reason, a_channel, a_bucket, a_keep = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-return pause(k_control, k_stats, now_us(), a_pause, a_reason, a_channel, a_bucket, a_keep)
+return pause(k_control, k_gate, k_stats, now_us(), a_pause, a_reason, a_channel, a_bucket, a_keep)
 `)
 
 // Pause stops the bucket's ticks for d on every replica, and records why.
@@ -54,7 +67,7 @@ func (c *Control) Pause(ctx context.Context, d time.Duration, reason string) (ti
 	if d < 0 {
 		return 0, fmt.Errorf("shaper: pause %q for %s: a pause must not be negative", b.name, d)
 	}
-	left, err := pauseScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats}, b.gate.redisNow(),
+	left, err := pauseScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats, b.keys.gate}, b.gate.redisNow(),
 		d.Microseconds(), reason, pauseChannel(b.gate.prefix), b.name, b.keep.Microseconds()).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: pause %q: %w", b.name, err)

@@ -563,6 +563,10 @@ local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_pro
 interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
 local paused = tonumber(ctl[1]) or 0
 local lguard = tonumber(ctl[4])
+-- The core script reads the control hash only while the gate hash says
+-- it shapes the bucket (see adaptedLua): say it again for a state made
+-- anew.
+if paused > now or ctl[2] or lguard or ctl[5] then redis.call('HSET', k_gate, 'adapted', '1') end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
   fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now)
@@ -747,6 +751,8 @@ end
 if a_max_in_flight > 0 then
   redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
   if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
+    -- The gate hash may be new (its 'wide'): it expires as after a grant.
+    keep_alive(keys, math.max(last or now, now) + a_keep, tonumber(st[12]) or 0, paused, a_keep, 0, now)
     redis.call('HINCRBY', k_stats, 'deferred', 1)
     return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
   end
