@@ -15,10 +15,12 @@ const (
 	replyFull     = 2 // the core script cannot decide: run the full one
 )
 
-// codesLua names the reply codes and the defer reasons in the scripts.
+// codesLua names the reply codes, the defer reasons and noServer in the
+// scripts.
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, USE_FULL = %d, %d, %d
 local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH = %d, %d, %d, %d
-`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh)
+local NO_SERVER = '%s'
+`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -171,7 +173,7 @@ local last, n, defer_at, run, wide, kept, hi_until, costly_until, gm, adapted = 
   'last', 'n', 'defer_at', 'run', 'wide', 'kept', 'hi_until', 'costly_until', 'gm', 'adapted'))
 last, n, kept, gm = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm)
 local server = a_server
-if server == '-' then server = '' end
+if server == NO_SERVER then server = '' end
 if a_server == '' or last == nil or run ~= server or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
 -- What adaptation set (see adaptedLua), read only when it is there.
 local paused, rate, source, guard, tol = 0, nil, nil, nil, nil

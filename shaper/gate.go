@@ -43,6 +43,7 @@ type Gate struct {
 
 	testNow       func() int64 // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp func()       // tests: called when Watch's subscription is confirmed
+	testScript    func(core bool) // tests: called with each reserve script run (core or full)
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb; it adds a

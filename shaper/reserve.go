@@ -366,13 +366,13 @@ local function server(k_epoch, known, keep, now)
   -- What the gate knows is checked against INFO whenever it is not what
   -- the epoch says (a first start, a loss, a switch the gate has not seen
   -- yet): an epoch is never written from a run_id INFO did not give.
-  if known == '' or not ep or (known ~= '-' and erun ~= known) then
-    known = '-'
+  if known == '' or not ep or (known ~= NO_SERVER and erun ~= known) then
+    known = NO_SERVER
     local info = redis.pcall('INFO', 'server')
-    if type(info) == 'string' then known = string.match(info, 'run_id:(%w+)') or '-' end
+    if type(info) == 'string' then known = string.match(info, 'run_id:(%w+)') or NO_SERVER end
   end
   local runid = known
-  if runid == '-' then runid = '' end
+  if runid == NO_SERVER then runid = '' end
   local epoch = ep ~= false
   local switched = false
   if runid ~= '' then
@@ -846,6 +846,9 @@ func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) 
 // hands the call over) the full one.
 func (b *Bucket) reserveAt(ctx context.Context, req Request, server string, now time.Time) (reservation, error) {
 	if b.core && server != "" && max(req.Cost, 1) == 1 && req.Lane == Normal && now.UnixNano() >= b.fullUntil.Load() {
+		if b.gate.testScript != nil {
+			b.gate.testScript(true)
+		}
 		args := b.coreArgs(req, server)
 		res, err := coreScript.Run(ctx, b.gate.rdb, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
@@ -859,6 +862,9 @@ func (b *Bucket) reserveAt(ctx context.Context, req Request, server string, now 
 	var lease string
 	if b.policy.MaxInFlight > 0 {
 		lease = newLeaseID()
+	}
+	if b.gate.testScript != nil {
+		b.gate.testScript(false)
 	}
 	args := b.reserveArgs(req, lease)
 	args.Server = server

@@ -1,0 +1,102 @@
+package shaper
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestCoreMatchesFull drives a bucket of the common shape, served by the
+// core script, and the same bucket held to the full script through the
+// same simulated Redis time: steady grants, idle gaps, crowds deferred
+// beyond the horizon, pauses, a rate set and cleared, a learned guard.
+// Both must answer every request alike (granted or not, the wait, the
+// reason, the tick), and the core script must have served most of them.
+// adaptedScript marks a gate hash adapted, as every writer of a pause, a
+// rate or a lesson does.
+var adaptedScript = redis.NewScript(adaptedLua + "adapted(KEYS[1]) return 0")
+
+func TestCoreMatchesFull(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	core := NewGate(rdb, Config{KeyPrefix: prefix + "c", Replica: "r1"})
+	full := NewGate(rdb, Config{KeyPrefix: prefix + "f", Replica: "r1"})
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(core, now.UnixMicro())
+	full.testNow = core.testNow
+	var coreRuns, fullRuns int
+	core.testScript = func(c bool) {
+		if c {
+			coreRuns++
+		} else {
+			fullRuns++
+		}
+	}
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}}, Horizon: 200 * time.Millisecond}
+	bc, err := core.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf, err := full.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf.core = false
+	both := func(f func(b *Bucket) error) {
+		t.Helper()
+		for _, b := range []*Bucket{bc, bf} {
+			if err := f(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(28, 1))
+	const steps = 3000
+	for step := range steps {
+		c := rng.IntN(60)
+		switch c {
+		case 0:
+			d := time.Duration(rng.IntN(500)) * time.Millisecond
+			both(func(b *Bucket) error { _, err := b.Control().Pause(ctx, d, "test"); return err })
+		case 1:
+			r := 5 + float64(rng.IntN(10))
+			both(func(b *Bucket) error { return b.Control().SetRate(ctx, r, "test") })
+		case 2:
+			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
+		case 3:
+			clk.advance(time.Duration(rng.IntN(3000)) * time.Millisecond) // idle
+		case 4:
+			// A learned guard, as a margin lesson writes it (applyLua,
+			// which also marks the gate hash adapted).
+			g := rng.IntN(30) * 1000
+			both(func(b *Bucket) error {
+				if err := rdb.HSet(ctx, b.keys.control, "guard", g).Err(); err != nil {
+					return err
+				}
+				return adaptedScript.Run(ctx, rdb, []string{b.keys.gate}).Err()
+			})
+		}
+		rc := reserveOnce(t, bc)
+		rf := reserveOnce(t, bf)
+		if rc.ok != rf.ok || rc.wait != rf.wait || rc.reason != rf.reason || rc.tick != rf.tick || rc.tolerance != rf.tolerance {
+			t.Fatalf("step %d: the core script answered %+v, the full one %+v", step, rc, rf)
+		}
+		// Some callers come back at once (a crowd), others when told.
+		if rng.IntN(3) > 0 {
+			clk.advance(rc.wait + time.Duration(rng.IntN(20))*time.Millisecond)
+		}
+	}
+	if coreRuns < steps/2 {
+		t.Errorf("the core script served %d of %d requests of a common bucket (the full one %d)", coreRuns, steps, fullRuns)
+	}
+	t.Logf("core script %d runs, full script %d", coreRuns, fullRuns)
+}
