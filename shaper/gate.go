@@ -41,8 +41,8 @@ type Gate struct {
 	active  map[string]*local // buckets with callers in this process
 	handles atomic.Uint64     // bucket handles made, to order them
 
-	testNow       func() int64 // tests: Redis time (µs) for the scripts; nil: Redis TIME
-	testWatchedUp func()       // tests: called when Watch's subscription is confirmed
+	testNow       func() int64    // tests: Redis time (µs) for the scripts; nil: Redis TIME
+	testWatchedUp func()          // tests: called when Watch's subscription is confirmed
 	testScript    func(core bool) // tests: called with each reserve script run (core or full)
 }
 
