@@ -71,23 +71,23 @@ local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
   redis.call('HSET', k.gate, 'kept', fmt(untilv))
 end
 
--- log_tick(key, tick, len, keep, now): the ticks list (newest first) gets
--- tick; it is cut back to len once it holds tickTrim more, and a list
--- made anew expires keep after the tick.
-local function log_tick(key, tick, len, keep, now)
-  local n = redis.call('LPUSH', key, fmt(tick))
-  if n == 1 then extend(key, tick + keep + 1000000, now) end
+-- log_ticks(key, ticks, len, keep, now): the ticks list (newest first)
+-- gets ticks (strings, oldest first); it is cut back to len once it holds
+-- tickTrim more, and a list made anew expires keep after the last tick.
+local function log_ticks(key, ticks, len, keep, now)
+  local n = redis.call('LPUSH', key, unpack(ticks))
+  if n == #ticks then extend(key, tonumber(ticks[#ticks]) + keep + 1000000, now) end
   if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
 end
 
--- count_granted(key, m, gm): one more grant in clock minute m in the
+-- count_granted(key, k, m, gm): k more grants in clock minute m in the
 -- stats hash key (see minuteCounterLua); gm is the minute the bucket last
 -- counted in (its gate hash keeps it), so the minute's slot is checked
 -- once a minute per bucket, not on every grant.
-local function count_granted(key, m, gm)
+local function count_granted(key, k, m, gm)
   local slot = tostring(m % 2)
   if gm ~= m then roll(key, 'granted', slot, m) end
-  redis.call('HINCRBY', key, 'granted_c' .. slot, 1)
+  redis.call('HINCRBY', key, 'granted_c' .. slot, k)
 end
 `
 
@@ -120,19 +120,21 @@ type coreArgs struct {
 	Live     int64   `lua:"live"`      // µs a policy granted under keeps counting (replicaLive)
 	TickLog  int     `lua:"tick_log"`  // length of the ticks list
 	Server   string  `lua:"server"`    // the server's run_id as the gate knows it (noServer: unknown)
-	Holder   string  `lua:"holder"`    // who holds the call until its tick ("": no record)
 	HeldKeep int64   `lua:"held_keep"` // µs a held record outlives its tick
+	Count    int     `lua:"count"`     // calls asking, in their order (a batch)
+	Holders  string  `lua:"holders"`   // who holds each call until its tick, each followed by "\n" ("": no record)
 }
 
 // argv returns the arguments in the order of the struct's fields.
 func (a coreArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Span, a.Window, a.Rate, a.Keep, a.Member, a.Replica,
-		a.Live, a.TickLog, a.Server, a.Holder, a.HeldKeep}
+		a.Live, a.TickLog, a.Server, a.HeldKeep, a.Count, a.Holders}
 }
 
-// coreScript reserves the next tick of a call of the common bucket: one
-// limit, no total, no in-flight cap, no warm-up, a call of one unit in
-// the normal lane. What it cannot decide alone it hands to the full
+// coreScript reserves the next ticks of count calls of the common bucket,
+// in their order, as count calls one after the other would: one limit, no
+// total, no in-flight cap, no warm-up, calls of one unit in the normal
+// lane. What it cannot decide alone it hands to the full
 // reserve script (USE_FULL): a state missing or written by another server
 // (first use, expiry, a failover), counters in use after a costly call, a
 // learned rate that may step up. Otherwise: the widest live tick, widened
@@ -141,7 +143,8 @@ func (a coreArgs) argv() []any {
 // caller comes back one tick after the last deferred one.
 //
 // Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
-// policy's)}, as the full script (see reserveScript).
+// policy's)} for the first call, as the full script (see reserveScript),
+// then {code, wait, reason, tick} for each other call of the batch.
 var coreScript = redis.NewScript(codesLua + fmtLua + nowLua + extendLua + minuteCounterLua + spacingLua + lineLua + coreLua)
 
 const coreLua = `
@@ -164,8 +167,9 @@ local a_replica = ARGV[10]
 local a_live = tonumber(ARGV[11])
 local a_tick_log = tonumber(ARGV[12])
 local a_server = ARGV[13]
-local a_holder = ARGV[14]
-local a_held_keep = tonumber(ARGV[15])
+local a_held_keep = tonumber(ARGV[14])
+local a_count = tonumber(ARGV[15])
+local a_holders = ARGV[16]
 local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
 
 local now = now_from(a_now)
@@ -201,25 +205,40 @@ if hi_until > now then
   return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0}
 end
 
-local tick = math.max(now, paused)
-if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
-if tick - now > a_horizon then
-  local at = math.max(tick - a_horizon, (tonumber(defer_at) or 0) + math.floor(interval / burst))
-  redis.call('HSET', k_gate, 'defer_at', fmt(at), 'wide', wide_now)
-  keep_alive(keys, math.max(at, last) + a_keep, kept, paused, a_keep, 0, now)
-  redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {DEFERRED, at - now, BEYOND_HORIZON, 0, 0}
+-- Each call in turn: the next tick on the line, or beyond the horizon a
+-- moment to come back, one tick after the last deferred caller's.
+local out, ticks, held = {}, {}, {}
+local pace, at = math.floor(interval / burst), tonumber(defer_at) or 0
+local from, deferred = math.max(now, paused), 0
+local holders = string.gmatch(a_holders, '([^\n]*)\n')
+for i = 1, a_count do
+  local tick = from
+  if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
+  local holder = holders() or ''
+  if tick - now > a_horizon then
+    at = math.max(tick - a_horizon, at + pace)
+    deferred = deferred + 1
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = DEFERRED, at - now, BEYOND_HORIZON, 0
+  else
+    if tick == last then n = n + 1 else n = 1 end
+    last = tick
+    ticks[#ticks + 1] = fmt(tick)
+    if holder ~= '' then held[#held + 1], held[#held + 2] = ticks[#ticks], a_replica .. '|' .. holder end
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = GRANTED, tick - now, 0, tick
+  end
+  if i == 1 then out[5] = tonumber(tol) or 0 end
 end
 
-if tick == last then n = n + 1 else n = 1 end
 local m = math.floor(now / 60000000)
-local set = {'last', fmt(tick), 'n', n}
-if wide_now ~= wide then set[#set + 1], set[#set + 2] = 'wide', wide_now end
-if m ~= gm then set[#set + 1], set[#set + 2] = 'gm', fmt(m) end
+local set = {'wide', wide_now}
+if #ticks > 0 then set[3], set[4], set[5], set[6] = 'last', ticks[#ticks], 'n', n end
+if deferred > 0 then set[#set + 1], set[#set + 2] = 'defer_at', fmt(at) end
+if #ticks > 0 and m ~= gm then set[#set + 1], set[#set + 2] = 'gm', fmt(m) end
 redis.call('HSET', k_gate, unpack(set))
-log_tick(k_ticks, tick, a_tick_log, a_keep, now)
-if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
-keep_alive(keys, math.max(tick, tonumber(defer_at) or 0) + a_keep, kept, paused, a_keep, a_held_keep, now)
-count_granted(k_stats, m, gm)
-return {GRANTED, tick - now, 0, tick, tonumber(tol) or 0}
+if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
+if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
+keep_alive(keys, math.max(last, at) + a_keep, kept, paused, a_keep, a_held_keep, now)
+if #ticks > 0 then count_granted(k_stats, #ticks, m, gm) end
+if deferred > 0 then redis.call('HINCRBY', k_stats, 'deferred', deferred) end
+return out
 `

@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -15,8 +16,10 @@ import (
 // core script, and the same bucket held to the full script through the
 // same simulated Redis time: steady grants, idle gaps, crowds deferred
 // beyond the horizon, pauses, a rate set and cleared, a learned guard.
-// Both must answer every request alike (granted or not, the wait, the
-// reason, the tick), and the core script must have served most of them.
+// Some calls come in batches, one run of the core script for all of
+// them, and one full run each for the other bucket. Both must answer every
+// call alike (granted or not, the wait, the reason, the tick) and record
+// the same holders, and the core script must have served most of them.
 // adaptedScript marks a gate hash adapted, as every writer of a pause, a
 // rate or a lesson does.
 var adaptedScript = redis.NewScript(adaptedLua + "adapted(KEYS[1]) return 0")
@@ -85,14 +88,52 @@ func TestCoreMatchesFull(t *testing.T) {
 				return adaptedScript.Run(ctx, rdb, []string{b.keys.gate}).Err()
 			})
 		}
-		rc := reserveOnce(t, bc)
-		rf := reserveOnce(t, bf)
-		if rc.ok != rf.ok || rc.wait != rf.wait || rc.reason != rf.reason || rc.tick != rf.tick || rc.tolerance != rf.tolerance {
-			t.Fatalf("step %d: the core script answered %+v, the full one %+v", step, rc, rf)
+		// A batch of k calls in one run of the core script, and the same
+		// calls one after the other through the full one.
+		k := 1
+		if rng.IntN(4) == 0 {
+			k = 2 + rng.IntN(15)
+		}
+		reqs := make([]Request, k)
+		for i := range reqs {
+			reqs[i].Holder = fmt.Sprintf("q|task-%d-%d", step, i)
+		}
+		rcs, err := bc.reserveMany(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rc reservation
+		for i, req := range reqs {
+			rf, err := bf.reserve(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc = rcs[i]
+			if rc.ok != rf.ok || rc.wait != rf.wait || rc.reason != rf.reason || rc.tick != rf.tick || rc.tolerance != rf.tolerance {
+				t.Fatalf("step %d, call %d of %d: the core script answered %+v, the full one %+v", step, i+1, k, rc, rf)
+			}
 		}
 		// Some callers come back at once (a crowd), others when told.
 		if rng.IntN(3) > 0 {
 			clk.advance(rc.wait + time.Duration(rng.IntN(20))*time.Millisecond)
+		}
+	}
+	// Both record who holds each call granted a tick.
+	hc, err := bc.Control().HeldTicks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hf, err := bf.Control().HeldTicks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hc) == 0 || len(hc) != len(hf) {
+		t.Errorf("held records: %d from the core script, %d from the full one", len(hc), len(hf))
+	}
+	for h, tick := range hf {
+		if !hc[h].Equal(tick) {
+			t.Errorf("holder %s: tick %v in the core script's record, %v in the full one's", h, hc[h], tick)
+			break
 		}
 	}
 	if coreRuns < steps/2 {

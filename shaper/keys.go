@@ -83,6 +83,9 @@ type bucketKeys struct {
 	// replica dies (HeldBy): its calls whose tick it did not live to see
 	// never started.
 	held string
+	// check is a short-lived string a server check writes (see
+	// checkScript): a replica refuses the write.
+	check string
 }
 
 func keysOf(prefix, group, bucket string) bucketKeys {
@@ -95,7 +98,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
-		counts: b("counts"), totalCounts: g("total_counts"), held: g("held"),
+		counts: b("counts"), totalCounts: g("total_counts"), held: g("held"), check: g("check"),
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -780,7 +781,7 @@ if k > 0 then
 end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if a_tick_log > 0 then log_tick(k_ticks, tick, a_tick_log, a_keep, now) end
+if a_tick_log > 0 then log_ticks(k_ticks, {fmt(tick)}, a_tick_log, a_keep, now) end
 -- Who holds the call until its tick (see HeldBy).
 if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
 keep_alive(keys, math.max(tick, tonumber(st[3]) or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, a_held_keep, now)
@@ -812,115 +813,179 @@ const fullFor = time.Second
 // once per fullFor). Being deferred is not an error: errors mean Redis
 // failed.
 func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) {
+	rs, err := b.reserveMany(ctx, []Request{req})
+	if err != nil {
+		return reservation{}, err
+	}
+	return rs[0], nil
+}
+
+// reserveMany asks for the next ticks of the calls of reqs, in their
+// order, as one call after the other would: in one round trip when they
+// all have the common shape (see batchable), else one each.
+func (b *Bucket) reserveMany(ctx context.Context, reqs []Request) ([]reservation, error) {
 	srv := &b.gate.srv
 	for {
 		now := b.gate.clock.Now()
 		server, dials := srv.known(b.group, now)
-		r, err := b.reserveAt(ctx, req, server, now)
+		rs, err := b.reserveAt(ctx, reqs, server, now)
 		if err != nil {
-			return reservation{}, err
+			return nil, err
 		}
-		if server == "" || r.server != server {
+		if r := rs[len(rs)-1]; server == "" || r.server != server {
 			// Read by INFO: the script asked the server itself.
 			srv.learn(b.group, r.server, dials, now)
 		}
-		if server == "" {
-			return r, nil
-		}
-		if srv.still(dials) {
-			return r, nil
+		if server == "" || srv.still(dials) {
+			return rs, nil
 		}
 		// A connection was dialed since the arguments were built: the
 		// reply may come from another server than the one they name (a
-		// failover, a restart). Give the tick up and ask again, with INFO.
-		if r.ok {
-			if err := b.giveUp(ctx, r.lease, "", r.tick, req.Cost); err != nil {
-				return reservation{}, err
+		// failover, a restart), or the pool only grew. Ask the server
+		// that holds the bucket now; when it is the one named, the reply
+		// stands. Else give the ticks up and ask again, with INFO.
+		if same, err := srv.check(ctx, b.gate.rdb, b.group, b.keys.check, server, b.gate.clock.Now()); err == nil && same {
+			return rs, nil
+		}
+		for i, r := range rs {
+			if r.ok {
+				if err := b.giveUp(ctx, r.lease, "", r.tick, reqs[i].Cost); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
 }
 
-// reserveAt runs the core script when the bucket and the call have the
-// common shape and the server is known, else (or when the core script
-// hands the call over) the full one.
-func (b *Bucket) reserveAt(ctx context.Context, req Request, server string, now time.Time) (reservation, error) {
-	if b.core && server != "" && max(req.Cost, 1) == 1 && req.Lane == Normal && now.UnixNano() >= b.fullUntil.Load() {
+// batchable reports whether a call of req fits the core script: a call
+// of one unit in the normal lane, to a bucket of the common shape, whose
+// holder can be told from the next in a batch.
+func (b *Bucket) batchable(req Request) bool {
+	return b.core && max(req.Cost, 1) == 1 && req.Lane == Normal && !strings.Contains(req.Holder, "\n")
+}
+
+// reserveAt runs the core script for all of reqs when they fit it and the
+// server is known, else (or when the core script hands them over) the full
+// one for each.
+func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, now time.Time) ([]reservation, error) {
+	core := server != "" && now.UnixNano() >= b.fullUntil.Load()
+	for _, req := range reqs {
+		core = core && b.batchable(req)
+	}
+	if core {
 		if b.gate.testScript != nil {
 			b.gate.testScript(true)
 		}
-		args := b.coreArgs(req, server)
+		args := b.coreArgs(reqs, server)
 		res, err := coreScript.Run(ctx, b.gate.rdb, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
-			return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
+			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
-		if r, ok, err := b.parseReply(res, server); ok || err != nil {
-			return r, err
+		if rs, ok, err := b.parseReply(res, len(reqs), server); ok || err != nil {
+			return rs, err
 		}
 		b.fullUntil.Store(now.Add(fullFor).UnixNano())
 	}
-	var lease string
-	if b.policy.MaxInFlight > 0 {
-		lease = newLeaseID()
+	out := make([]reservation, 0, len(reqs))
+	for _, req := range reqs {
+		var lease string
+		if b.policy.MaxInFlight > 0 {
+			lease = newLeaseID()
+		}
+		if b.gate.testScript != nil {
+			b.gate.testScript(false)
+		}
+		args := b.reserveArgs(req, lease)
+		args.Server = server
+		res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), args.argv()...).Slice()
+		if err != nil {
+			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
+		}
+		rs, ok, err := b.parseReply(res, 1, server)
+		if err == nil && !ok {
+			err = fmt.Errorf("shaper: reserve a tick for %q: the full script handed the call over: %v", b.name, res)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if rs[0].ok {
+			rs[0].lease = lease
+		}
+		if rs[0].server != "" {
+			server = rs[0].server
+		}
+		out = append(out, rs[0])
 	}
-	if b.gate.testScript != nil {
-		b.gate.testScript(false)
-	}
-	args := b.reserveArgs(req, lease)
-	args.Server = server
-	res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), args.argv()...).Slice()
-	if err != nil {
-		return reservation{}, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
-	}
-	r, ok, err := b.parseReply(res, server)
-	if err == nil && !ok {
-		err = fmt.Errorf("shaper: reserve a tick for %q: the full script handed the call over: %v", b.name, res)
-	}
-	if r.ok {
-		r.lease = lease
-	}
-	return r, err
+	return out, nil
 }
 
-// parseReply reads a reserve script's reply: {code, wait, reason, tick,
-// tolerance[, run_id]} (see reserveScript); ok is false when the core
-// script handed the call to the full one.
-func (b *Bucket) parseReply(res []any, server string) (r reservation, ok bool, err error) {
-	bad := func() (reservation, bool, error) {
-		return reservation{}, false, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
+// parseReply reads a reserve script's reply for n calls: {code, wait,
+// reason, tick, tolerance[, run_id]} for the first (see reserveScript),
+// then {code, wait, reason, tick} for each other one (see coreScript); a
+// deferral of the whole batch (a high call waits) answers the first call
+// only, for all of them. ok is false when the core script handed the
+// calls to the full one.
+func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, ok bool, err error) {
+	bad := func() ([]reservation, bool, error) {
+		return nil, false, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
 	}
 	if len(res) == 1 && res[0] == int64(replyFull) {
-		return reservation{}, false, nil
+		return nil, false, nil
 	}
 	if len(res) < 5 {
 		return bad()
 	}
-	var n [5]int64
+	num := func(i int) (int64, bool) { v, ok := res[i].(int64); return v, ok }
+	var tol int64
+	if v, isInt := num(4); isInt {
+		tol = v
+	} else {
+		return bad()
+	}
+	whole := n > 1 && len(res) == 5 // the batch deferred as one
+	if !whole && len(res) < 5+4*(n-1) {
+		return bad()
+	}
 	for i := range n {
-		v, isInt := res[i].(int64)
-		if !isInt {
+		at := 0
+		if i > 0 && !whole {
+			at = 5 + 4*(i-1)
+		}
+		var v [4]int64
+		for j := range v {
+			x, isInt := num(at + j)
+			if !isInt {
+				return bad()
+			}
+			v[j] = x
+		}
+		if whole && v[0] == replyGranted {
 			return bad()
 		}
-		n[i] = v
+		rs = append(rs, reservation{ok: v[0] == replyGranted, wait: time.Duration(v[1]) * time.Microsecond, reason: deferReason(v[2]),
+			tick: v[3], tolerance: time.Duration(tol) * time.Microsecond, server: server})
 	}
-	r = reservation{ok: n[0] == replyGranted, wait: time.Duration(n[1]) * time.Microsecond, reason: deferReason(n[2]),
-		tick: n[3], tolerance: time.Duration(n[4]) * time.Microsecond, server: server}
-	if len(res) > 5 {
-		r.server, _ = res[5].(string)
+	if n == 1 && len(res) > 5 {
+		rs[0].server, _ = res[5].(string)
 	}
-	return r, true, nil
+	return rs, true, nil
 }
 
-// coreArgs builds the core script's arguments for one call.
-func (b *Bucket) coreArgs(req Request, server string) coreArgs {
+// coreArgs builds the core script's arguments for the calls of reqs.
+func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	p := b.policy
 	iv, burst, guard, _ := b.spacing()
+	var holders strings.Builder
+	for _, r := range reqs {
+		holders.WriteString(r.Holder)
+		holders.WriteByte('\n')
+	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		Span: (p.Limits[0].Window + guard).Microseconds(), Window: p.Limits[0].Window.Microseconds(),
 		Rate: float64(p.Limits[0].Rate), Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
 		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server,
-		Holder: req.Holder, HeldKeep: heldKeep.Microseconds(),
+		HeldKeep: heldKeep.Microseconds(), Count: len(reqs), Holders: holders.String(),
 	}
 }
 

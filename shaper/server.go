@@ -107,6 +107,32 @@ func (s *servers) learn(group, id string, d uint64, now time.Time) {
 	s.ids[group] = serverID{id: id, dials: d, at: now}
 }
 
+// checkScript reads the run_id of the server that holds a group's keys,
+// with a write (a short-lived key), so that a replica, which refuses
+// writes, cannot answer for a primary.
+//
+// KEYS[1] the group's check key. Returns the run_id (noServer where INFO
+// is refused).
+var checkScript = redis.NewScript(codesLua + `
+local k_check = KEYS[1]
+redis.call('SET', k_check, '1', 'PX', 1000)
+local info = redis.pcall('INFO', 'server')
+if type(info) ~= 'string' then return NO_SERVER end
+return string.match(info, 'run_id:(%w+)') or NO_SERVER
+`)
+
+// check asks the server holding group's keys (key: its check key) for
+// its run_id, learns it, and reports whether it is want.
+func (s *servers) check(ctx context.Context, rdb redis.UniversalClient, group, key, want string, now time.Time) (bool, error) {
+	d := s.dials.Load()
+	id, err := checkScript.Run(ctx, rdb, []string{key}).Text()
+	if err != nil {
+		return false, err
+	}
+	s.learn(group, id, d, now)
+	return id == want, nil
+}
+
 // still reports whether no connection was dialed since dial count d: a
 // reply to arguments built at d came from the server they name.
 func (s *servers) still(d uint64) bool { return s.dials.Load() == d }
