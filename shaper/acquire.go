@@ -117,15 +117,25 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	defer b.gate.leave(b.name, l)
 	for {
 		b = b.gate.currentOf(l, b) // a respace after a policy change
-		select {
-		case l.asking <- struct{}{}:
-		case <-ctx.Done():
-			return nil, 0, ctx.Err()
+		var r reservation
+		var sent, recv time.Time
+		var err error
+		if b.batchable(req) {
+			if err := ctx.Err(); err != nil {
+				return nil, 0, err
+			}
+			r, sent, recv, err = b.gate.askBatched(ctx, l, b, req)
+		} else {
+			select {
+			case l.asking <- struct{}{}:
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+			sent = clock.Now()
+			r, err = b.reserve(ctx, req)
+			recv = clock.Now()
+			<-l.asking
 		}
-		sent := clock.Now()
-		r, err := b.reserve(ctx, req)
-		recv := clock.Now()
-		<-l.asking
 		if err != nil {
 			return nil, 0, err
 		}

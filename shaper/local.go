@@ -1,6 +1,7 @@
 package shaper
 
 import (
+	"context"
 	"strings"
 	"time"
 )
@@ -20,6 +21,8 @@ type local struct {
 	pausedUntil time.Time     // local end of a pause heard of while callers wait
 	respacedAt  time.Time     // local time of the last respace heard of while callers wait
 	current     *Bucket       // the handle a respace made current (nil: none)
+	batch       []*asker      // callers waiting to ask in the next batch, in arrival order
+	batching    bool          // a batch is on its way to Redis (its runner hands on)
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
@@ -122,4 +125,87 @@ func (g *Gate) ActiveIn(group string) []string {
 		}
 	}
 	return out
+}
+
+// maxBatch bounds the calls one batch asks for (see askBatched).
+const maxBatch = 32
+
+// asker is a caller waiting in a bucket's batch.
+type asker struct {
+	b    *Bucket
+	req  Request
+	done chan batchReply
+}
+
+// batchReply is a batch's answer to one caller; with lead set, no answer
+// yet: the caller runs the next batch.
+type batchReply struct {
+	r          reservation
+	sent, recv time.Time
+	err        error
+	lead       bool
+}
+
+// askBatched asks for the tick of one call of the common shape (see
+// Bucket.batchable) together with the other callers of its bucket in this
+// process: while a batch is on its way to Redis, callers line up, and the
+// first of them asks for up to maxBatch of them in one round trip when it
+// returns (a group commit). Ticks go to the callers in arrival order, as
+// if each had asked alone. It returns the reservation and when the round
+// trip that made it was sent and answered.
+func (g *Gate) askBatched(ctx context.Context, l *local, b *Bucket, req Request) (reservation, time.Time, time.Time, error) {
+	a := &asker{b: b, req: req, done: make(chan batchReply, 1)}
+	g.mu.Lock()
+	l.batch = append(l.batch, a)
+	lead := !l.batching
+	l.batching = true
+	g.mu.Unlock()
+	for {
+		if lead {
+			g.runBatch(ctx, l)
+		}
+		rep := <-a.done
+		if rep.lead {
+			lead = true
+			continue
+		}
+		return rep.r, rep.sent, rep.recv, rep.err
+	}
+}
+
+// runBatch asks for the first callers in line that share a bucket handle
+// (at most maxBatch), answers each, and hands the next batch to the first
+// caller left in line.
+func (g *Gate) runBatch(ctx context.Context, l *local) {
+	g.mu.Lock()
+	b := l.batch[0].b
+	n := 1
+	for n < len(l.batch) && n < maxBatch && l.batch[n].b == b {
+		n++
+	}
+	take := l.batch[:n:n]
+	l.batch = append([]*asker(nil), l.batch[n:]...)
+	g.mu.Unlock()
+	reqs := make([]Request, n)
+	for i, a := range take {
+		reqs[i] = a.req
+	}
+	// The batch serves callers other than this one: its end is not theirs.
+	sent := g.clock.Now()
+	rs, err := b.reserveMany(context.WithoutCancel(ctx), reqs)
+	recv := g.clock.Now()
+	for i, a := range take {
+		rep := batchReply{sent: sent, recv: recv, err: err}
+		if err == nil {
+			rep.r = rs[i]
+		}
+		a.done <- rep
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(l.batch) > 0 {
+		l.batch[0].done <- batchReply{lead: true}
+	} else {
+		l.batching = false
+	}
 }
