@@ -34,13 +34,17 @@ func (systemClock) Sleep(ctx context.Context, d time.Duration) error {
 // authority for ticks, or override when it is positive (tests pass a time
 // of their own, as asynq's scripts take now); and now_us(), now_from of
 // ARGV[1]. Every script takes the override as ARGV[1].
-const nowLua = `
+const nowLua = nowFromLua + `
+local function now_us() return now_from(tonumber(ARGV[1])) end
+`
+
+// nowFromLua defines now_from alone.
+const nowFromLua = `
 local function now_from(override)
   if override and override > 0 then return override end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function now_us() return now_from(tonumber(ARGV[1])) end
 `
 
 // redisNow is ARGV[1] of every script: 0 (use Redis TIME) unless a test

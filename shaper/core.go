@@ -30,22 +30,23 @@ local function fmt(x) return string.format('%d', x) end
 // lineLua defines the pieces of a bucket's line of ticks that the core
 // and the full reserve script share.
 var lineLua = `
--- widest(wide, iv, b, replica, live, now): while replicas disagree on the
--- config (a rolling edit), the most conservative tick granted under lately
--- wins. The gate hash's 'wide' ("interval|burst|seen|replica") holds it: a
--- caller whose tick is at least as wide takes its place, and it stops
--- counting live after it was last asked under. Returns the interval and
--- burst to space by and the field's value after the call.
-local function widest(wide, iv, b, replica, live, now)
-  local wiv, wb, seen, who = string.match(wide or '', '^(%d+)|(%d+)|(%d+)|(.*)$')
-  wiv, wb, seen = tonumber(wiv), tonumber(wb), tonumber(seen)
-  if wiv == nil or now - seen >= live or (iv >= wiv and b <= wb) then
-    -- The same tick as recorded, by the same replica, recently: no need
-    -- to write it again.
-    if wiv == iv and wb == b and who == replica and now - seen < live / 4 then return iv, b, wide end
-    return iv, b, fmt(iv) .. '|' .. fmt(b) .. '|' .. fmt(now) .. '|' .. replica
+-- widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
+-- on the config (a rolling edit), the most conservative tick asked under
+-- lately wins. The gate hash's 'wide' ("interval|burst|replica") holds it
+-- and 'wide_at' when it was last asked under: a caller whose tick (mine,
+-- "interval|burst|replica" of iv, b) is at least as wide takes its place,
+-- and it stops counting live after that. Returns the interval and burst
+-- to space by, and the fields' values to write (nil: unchanged).
+local function widest(wide, wide_at, mine, iv, b, live, now)
+  wide_at = tonumber(wide_at)
+  if wide == mine and wide_at then
+    if now - wide_at < live / 4 then return iv, b, nil, nil end
+    return iv, b, nil, now
   end
-  return math.max(iv, wiv), math.min(b, wb), wide
+  local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
+  wiv, wb = tonumber(wiv), tonumber(wb)
+  if wiv == nil or wide_at == nil or now - wide_at >= live or (iv >= wiv and b <= wb) then return iv, b, mine, now end
+  return math.max(iv, wiv), math.min(b, wb), nil, nil
 end
 
 -- keep_alive(k, untilv, kept, paused, keep, held_keep, now): the bucket's
@@ -117,6 +118,7 @@ type coreArgs struct {
 	Keep     int64   `lua:"keep"`      // µs the state outlives its last tick
 	Member   string  `lua:"member"`    // the bucket's name in its group ("" for a group of one)
 	Replica  string  `lua:"replica"`   // the caller's replica id
+	Mine     string  `lua:"mine"`      // the caller's tick as widest keeps it: "interval|burst|replica"
 	Live     int64   `lua:"live"`      // µs a policy granted under keeps counting (replicaLive)
 	TickLog  int     `lua:"tick_log"`  // length of the ticks list
 	Server   string  `lua:"server"`    // the server's run_id as the gate knows it (noServer: unknown)
@@ -127,7 +129,7 @@ type coreArgs struct {
 
 // argv returns the arguments in the order of the struct's fields.
 func (a coreArgs) argv() []any {
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Span, a.Window, a.Rate, a.Keep, a.Member, a.Replica,
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Span, a.Window, a.Rate, a.Keep, a.Member, a.Replica, a.Mine,
 		a.Live, a.TickLog, a.Server, a.HeldKeep, a.Count, a.Holders}
 }
 
@@ -145,7 +147,7 @@ func (a coreArgs) argv() []any {
 // Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
 // policy's)} for the first call, as the full script (see reserveScript),
 // then {code, wait, reason, tick} for each other call of the batch.
-var coreScript = redis.NewScript(codesLua + fmtLua + nowLua + extendLua + minuteCounterLua + spacingLua + lineLua + coreLua)
+var coreScript = redis.NewScript(codesLua + fmtLua + nowFromLua + extendLua + rollLua + spacingLua + lineLua + coreLua)
 
 const coreLua = `
 local k_gate = KEYS[1]
@@ -158,23 +160,24 @@ local a_now = tonumber(ARGV[1])
 local a_interval = tonumber(ARGV[2])
 local a_burst = tonumber(ARGV[3])
 local a_horizon = tonumber(ARGV[4])
-local a_span = tonumber(ARGV[5])
-local a_window = tonumber(ARGV[6])
-local a_rate = tonumber(ARGV[7])
+local a_span = ARGV[5]
+local a_window = ARGV[6]
+local a_rate = ARGV[7]
 local a_keep = tonumber(ARGV[8])
 local a_member = ARGV[9]
 local a_replica = ARGV[10]
-local a_live = tonumber(ARGV[11])
-local a_tick_log = tonumber(ARGV[12])
-local a_server = ARGV[13]
-local a_held_keep = tonumber(ARGV[14])
-local a_count = tonumber(ARGV[15])
-local a_holders = ARGV[16]
-local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
+local a_mine = ARGV[11]
+local a_live = tonumber(ARGV[12])
+local a_tick_log = tonumber(ARGV[13])
+local a_server = ARGV[14]
+local a_held_keep = tonumber(ARGV[15])
+local a_count = tonumber(ARGV[16])
+local a_holders = ARGV[17]
+-- (The span, window and rate are numbers only where adaptation uses them.)
 
 local now = now_from(a_now)
-local last, n, defer_at, run, wide, kept, hi_until, costly_until, gm, adapted = unpack(redis.call('HMGET', k_gate,
-  'last', 'n', 'defer_at', 'run', 'wide', 'kept', 'hi_until', 'costly_until', 'gm', 'adapted'))
+local last, n, defer_at, run, wide, wide_at, kept, hi_until, costly_until, gm, adapted = unpack(redis.call('HMGET', k_gate,
+  'last', 'n', 'defer_at', 'run', 'wide', 'wide_at', 'kept', 'hi_until', 'costly_until', 'gm', 'adapted'))
 last, n, kept, gm = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm)
 local server = a_server
 if server == NO_SERVER then server = '' end
@@ -190,13 +193,13 @@ end
 
 -- The tick: the widest live one, widened by a rate set or announced and
 -- by a guard learned from refusals.
-local interval, burst, wide_now = widest(wide, a_interval, a_burst, a_replica, a_live, now)
+local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, a_interval, a_burst, a_live, now)
 if rate and rate > 0 then
-  local iv, b = spacing(rate, burst, a_span)
+  local iv, b = spacing(rate, burst, tonumber(a_span))
   interval, burst = math.max(interval, iv), b
 end
 if guard and guard > 0 then
-  local iv, b = spacing(rate or a_rate, burst, a_window + guard)
+  local iv, b = spacing(rate or tonumber(a_rate), burst, tonumber(a_window) + guard)
   interval, burst = math.max(interval, iv), b
 end
 hi_until = tonumber(hi_until) or 0
@@ -210,7 +213,8 @@ end
 local out, ticks, held = {}, {}, {}
 local pace, at = math.floor(interval / burst), tonumber(defer_at) or 0
 local from, deferred = math.max(now, paused), 0
-local holders = string.gmatch(a_holders, '([^\n]*)\n')
+local holders = function() return '' end
+if string.find(a_holders, '[^\n]') then holders = string.gmatch(a_holders, '([^\n]*)\n') end
 for i = 1, a_count do
   local tick = from
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
@@ -230,14 +234,20 @@ for i = 1, a_count do
 end
 
 local m = math.floor(now / 60000000)
-local set = {'wide', wide_now}
-if #ticks > 0 then set[3], set[4], set[5], set[6] = 'last', ticks[#ticks], 'n', n end
+local set = {}
+if #ticks > 0 then set[1], set[2], set[3], set[4] = 'last', ticks[#ticks], 'n', n end
+if wide_new then set[#set + 1], set[#set + 2] = 'wide', wide_new end
+if wide_at_new then set[#set + 1], set[#set + 2] = 'wide_at', fmt(wide_at_new) end
 if deferred > 0 then set[#set + 1], set[#set + 2] = 'defer_at', fmt(at) end
 if #ticks > 0 and m ~= gm then set[#set + 1], set[#set + 2] = 'gm', fmt(m) end
-redis.call('HSET', k_gate, unpack(set))
+if #set > 0 then redis.call('HSET', k_gate, unpack(set)) end
 if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
 if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
-keep_alive(keys, math.max(last, at) + a_keep, kept, paused, a_keep, a_held_keep, now)
+local untilv = math.max(last, at) + a_keep
+if untilv > kept then
+  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
+  keep_alive(keys, untilv, kept, paused, a_keep, a_held_keep, now)
+end
 if #ticks > 0 then count_granted(k_stats, #ticks, m, gm) end
 if deferred > 0 then redis.call('HINCRBY', k_stats, 'deferred', deferred) end
 return out

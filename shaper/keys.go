@@ -18,7 +18,7 @@ type bucketKeys struct {
 	// µs), the grants made on it ("n"), the moment the last caller
 	// deferred beyond the horizon was told to come back ("defer_at"), the
 	// server that wrote it ("run"), the widest tick asked under lately
-	// ("wide", see widest) and the clock minute its last grant was
+	// ("wide" and "wide_at", see widest) and the clock minute its last grant was
 	// counted in ("gm"). It
 	// expires once no tick it granted can still fall in a vendor window
 	// (see keep); its absence with the group's epoch present and no live

@@ -2,11 +2,9 @@ package shaper
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // ReplicaTick is the configured tick of a replica that asked for a tick
@@ -22,10 +20,7 @@ type ReplicaTick struct {
 // disagree on the config (a rolling edit); ok is false when none is live.
 func (c *Control) Widest(ctx context.Context) (t ReplicaTick, ok bool, err error) {
 	b := c.b
-	wide, err := b.gate.rdb.HGet(ctx, b.keys.gate, "wide").Result()
-	if errors.Is(err, redis.Nil) {
-		return ReplicaTick{}, false, nil
-	}
+	vals, err := b.gate.rdb.HMGet(ctx, b.keys.gate, "wide", "wide_at").Result()
 	if err != nil {
 		return ReplicaTick{}, false, fmt.Errorf("shaper: widest tick of %q: %w", b.name, err)
 	}
@@ -37,10 +32,13 @@ func (c *Control) Widest(ctx context.Context) (t ReplicaTick, ok bool, err error
 		}
 		nowUS = now.UnixMicro()
 	}
-	var iv, seen int64
+	wide, _ := vals[0].(string)
+	at, _ := vals[1].(string)
+	var iv int64
 	var burst int
 	var replica string
-	if _, err := fmt.Sscanf(wide, "%d|%d|%d|%s", &iv, &burst, &seen, &replica); err != nil || nowUS-seen >= replicaLive.Microseconds() {
+	seen, err := strconv.ParseInt(at, 10, 64)
+	if _, serr := fmt.Sscanf(wide, "%d|%d|%s", &iv, &burst, &replica); serr != nil || err != nil || nowUS-seen >= replicaLive.Microseconds() {
 		return ReplicaTick{}, false, nil
 	}
 	return ReplicaTick{Replica: replica, Interval: time.Duration(iv) * time.Microsecond, Burst: burst}, true, nil

@@ -555,9 +555,11 @@ local tiv = a_total_interval
 
 -- 1. The tick: the widest live one (see widest), widened by adaptation
 -- and the fair share.
-local wide = redis.call('HGET', k_gate, 'wide')
-local interval, burst, wide_now = widest(wide, tonumber(a_interval), tonumber(a_burst), a_replica, a_replica_live, now)
-if wide_now ~= wide then redis.call('HSET', k_gate, 'wide', wide_now) end
+local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
+local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
+  tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
+if wide_new then redis.call('HSET', k_gate, 'wide', wide_new) end
+if wide_at_new then redis.call('HSET', k_gate, 'wide_at', fmt(wide_at_new)) end
 local ctl = redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
 local rate
 local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
@@ -984,6 +986,7 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		Span: (p.Limits[0].Window + guard).Microseconds(), Window: p.Limits[0].Window.Microseconds(),
 		Rate: float64(p.Limits[0].Rate), Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
+		Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
 		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server,
 		HeldKeep: heldKeep.Microseconds(), Count: len(reqs), Holders: holders.String(),
 	}

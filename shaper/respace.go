@@ -30,8 +30,8 @@ var respaceScript = redis.NewScript(nowLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_replica, a_tick = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
-local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|%d+|(.*)$')
-if who == a_replica and iv .. '|' .. b ~= a_tick then redis.call('HDEL', k_gate, 'wide') end
+local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|(.*)$')
+if who == a_replica and iv .. '|' .. b ~= a_tick then redis.call('HDEL', k_gate, 'wide', 'wide_at') end
 return respace(k_gate, now, a_slack, a_channel, a_bucket)
 `)
 

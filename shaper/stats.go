@@ -15,19 +15,23 @@ import (
 // last minute from the total in constant space. When a slot moves to a
 // new minute (roll), the count it held is folded into name: the total is
 // name + name_c0 + name_c1 (see counterTotal).
-const minuteCounterLua = `
+const minuteCounterLua = rollLua + `
+local function count(key, name, now)
+  local m = math.floor(now / 60000000)
+  local slot = tostring(m % 2)
+  roll(key, name, slot, m)
+  redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
+end
+`
+
+// rollLua defines roll(key, name, slot, m) of minuteCounterLua alone.
+const rollLua = `
 local function roll(key, name, slot, m)
   local held, c = unpack(redis.call('HMGET', key, name .. '_m' .. slot, name .. '_c' .. slot))
   if tonumber(held) == m then return end
   c = tonumber(c) or 0
   if c > 0 then redis.call('HINCRBY', key, name, c) end
   redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
-end
-local function count(key, name, now)
-  local m = math.floor(now / 60000000)
-  local slot = tostring(m % 2)
-  roll(key, name, slot, m)
-  redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
 end
 `
 
