@@ -30,6 +30,19 @@ local function fmt(x) return string.format('%d', x) end
 // lineLua defines the pieces of a bucket's line of ticks that the core
 // and the full reserve script share.
 var lineLua = `
+-- put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
+-- assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
+-- assigns one at a time.)
+local function put(t, a, b, c, d)
+  local n = #t
+  t[n + 1] = a
+  t[n + 2] = b
+  if c ~= nil then
+    t[n + 3] = c
+    t[n + 4] = d
+  end
+end
+
 -- widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
 -- on the config (a rolling edit), the most conservative tick asked under
 -- lately wins. The gate hash's 'wide' ("interval|burst|replica") holds it
@@ -213,33 +226,35 @@ end
 local out, ticks, held = {}, {}, {}
 local pace, at = math.floor(interval / burst), tonumber(defer_at) or 0
 local from, deferred = math.max(now, paused), 0
-local holders = function() return '' end
-if string.find(a_holders, '[^\n]') then holders = string.gmatch(a_holders, '([^\n]*)\n') end
+local holders = {}
+if string.find(a_holders, '[^\n]') then
+  for h in string.gmatch(a_holders, '([^\n]*)\n') do holders[#holders + 1] = h end
+end
 for i = 1, a_count do
   local tick = from
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
-  local holder = holders() or ''
+  local holder = holders[i] or ''
   if tick - now > a_horizon then
     at = math.max(tick - a_horizon, at + pace)
     deferred = deferred + 1
-    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = DEFERRED, at - now, BEYOND_HORIZON, 0
+    put(out, DEFERRED, at - now, BEYOND_HORIZON, 0)
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
     ticks[#ticks + 1] = fmt(tick)
-    if holder ~= '' then held[#held + 1], held[#held + 2] = ticks[#ticks], a_replica .. '|' .. holder end
-    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = GRANTED, tick - now, 0, tick
+    if holder ~= '' then put(held, ticks[#ticks], a_replica .. '|' .. holder) end
+    put(out, GRANTED, tick - now, 0, tick)
   end
   if i == 1 then out[5] = tonumber(tol) or 0 end
 end
 
 local m = math.floor(now / 60000000)
 local set = {}
-if #ticks > 0 then set[1], set[2], set[3], set[4] = 'last', ticks[#ticks], 'n', n end
-if wide_new then set[#set + 1], set[#set + 2] = 'wide', wide_new end
-if wide_at_new then set[#set + 1], set[#set + 2] = 'wide_at', fmt(wide_at_new) end
-if deferred > 0 then set[#set + 1], set[#set + 2] = 'defer_at', fmt(at) end
-if #ticks > 0 and m ~= gm then set[#set + 1], set[#set + 2] = 'gm', fmt(m) end
+if #ticks > 0 then put(set, 'last', ticks[#ticks], 'n', n) end
+if wide_new then put(set, 'wide', wide_new) end
+if wide_at_new then put(set, 'wide_at', fmt(wide_at_new)) end
+if deferred > 0 then put(set, 'defer_at', fmt(at)) end
+if #ticks > 0 and m ~= gm then put(set, 'gm', fmt(m)) end
 if #set > 0 then redis.call('HSET', k_gate, unpack(set)) end
 if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
 if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end

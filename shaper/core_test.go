@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
@@ -24,8 +25,18 @@ import (
 // rate or a lesson does.
 var adaptedScript = redis.NewScript(adaptedLua + "adapted(KEYS[1]) return 0")
 
-func TestCoreMatchesFull(t *testing.T) {
-	rdb := redistest.Client(t)
+func TestCoreMatchesFull(t *testing.T) { coreMatchesFull(t, redistest.Client(t), 3000) }
+
+// TestCoreMatchesFullOnEmbeddedRedis is the same on the embedded Redis
+// (miniredis, whose Lua is gopher-lua), the default of a new user.
+func TestCoreMatchesFullOnEmbeddedRedis(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	coreMatchesFull(t, rdb, 500)
+}
+
+func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
 	core := NewGate(rdb, Config{KeyPrefix: prefix + "c", Replica: "r1"})
@@ -63,7 +74,6 @@ func TestCoreMatchesFull(t *testing.T) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(28, 1))
-	const steps = 3000
 	for step := range steps {
 		c := rng.IntN(60)
 		switch c {
