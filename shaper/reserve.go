@@ -804,6 +804,10 @@ count(k_stats, 'granted', now)
 return {GRANTED, tick - now, 0, tick, tonumber(ctl[5]) or 0, known}
 `
 
+// batchStagger spaces the moments at which callers of a batch deferred as
+// one (a high call waits) come back, in their order.
+const batchStagger = time.Millisecond
+
 // fullFor is how long a bucket the core script handed to the full one
 // stays with the full one: what the core script cannot decide (a learned
 // rate, counters in use after a costly call) lasts a while, and asking
@@ -964,7 +968,13 @@ func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, 
 		if whole && v[0] == replyGranted {
 			return bad()
 		}
-		rs = append(rs, reservation{ok: v[0] == replyGranted, wait: time.Duration(v[1]) * time.Microsecond, reason: deferReason(v[2]),
+		wait := time.Duration(v[1]) * time.Microsecond
+		if whole {
+			// Callers told to come back together come back in their
+			// order, one stagger apart, not in a race that shuffles them.
+			wait += time.Duration(i) * batchStagger
+		}
+		rs = append(rs, reservation{ok: v[0] == replyGranted, wait: wait, reason: deferReason(v[2]),
 			tick: v[3], tolerance: time.Duration(tol) * time.Microsecond, server: server})
 	}
 	if n == 1 && len(res) > 5 {
