@@ -855,7 +855,7 @@ func (b *Bucket) reserveMany(ctx context.Context, reqs []Request) ([]reservation
 		}
 		for i, r := range rs {
 			if r.ok {
-				if err := b.giveUp(ctx, r.lease, "", r.tick, reqs[i].Cost); err != nil {
+				if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick, reqs[i].Cost); err != nil {
 					return nil, err
 				}
 			}

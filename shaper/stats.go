@@ -78,7 +78,7 @@ type Stats struct {
 	Granted  int64 // ticks granted
 	Deferred int64 // reservations deferred (horizon or in-flight cap)
 	Late     int64 // ticks given up by callers that woke too late
-	Dropped  int64 // ticks given up because a pause began after they were granted
+	Dropped  int64 // ticks given up because a pause began after they were granted, or the server may have changed
 	Pauses   int64 // pauses set or extended
 	Resets   int64 // times the state was found missing (first use, Redis data loss)
 	// RateLimited counts rate-limited answers (CountRateLimited); the

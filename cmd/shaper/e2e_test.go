@@ -278,10 +278,11 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 		t.Fatalf("stats --json is not the documented shape: %v\n%s", err, out)
 	}
 	// Ticks granted: one per call, and one more for each tick given up
-	// late (a busy machine) and asked for again. The last minute's count
-	// is an estimate from per-clock-minute counts: at most the total.
+	// (late on a busy machine, or after a pause) and asked for again. The
+	// last minute's count is an estimate from per-clock-minute counts: at
+	// most the total.
 	v := rep.Vendors
-	if len(v) != 1 || v[0].Vendor != "emb" || v[0].GrantedTotal < 20 || v[0].GrantedTotal > 30 ||
+	if len(v) != 1 || v[0].Vendor != "emb" || v[0].GrantedTotal < 20 || v[0].GrantedTotal > 20+v[0].GivenUpTotal ||
 		v[0].GrantedLastMinute > v[0].GrantedTotal || v[0].Queued != 0 || v[0].ConfiguredRate != 49.02 || v[0].ConfigRate != 50 {
 		t.Fatalf("stats: %+v", rep.Vendors)
 	}

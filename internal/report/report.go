@@ -47,10 +47,14 @@ type Vendor struct {
 	// turn: mostly for a tick beyond max_wait or a 429 (not failures),
 	// and failed calls (5xx, timeouts) waiting for their retry. Retrying
 	// is the same count under its first name, kept for old readers.
-	Requeued              int64   `json:"requeued"`
-	Retrying              int64   `json:"retrying"`
-	GrantedLastMinute     int64   `json:"granted_last_minute"`
-	GrantedTotal          int64   `json:"granted_total"`
+	Requeued          int64 `json:"requeued"`
+	Retrying          int64 `json:"retrying"`
+	GrantedLastMinute int64 `json:"granted_last_minute"`
+	GrantedTotal      int64 `json:"granted_total"`
+	// GivenUpTotal counts the ticks granted and given up unused: a
+	// caller woke later than its tolerance, a pause began, or the server
+	// may have changed since the grant (each such call asked again).
+	GivenUpTotal          int64   `json:"given_up_total"`
 	RateLimitedLastMinute int64   `json:"rate_limited_last_minute"`
 	RateLimitedTotal      int64   `json:"rate_limited_total"`
 	PausedForSeconds      float64 `json:"paused_for_seconds"`
@@ -199,7 +203,7 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 		Source: st.Source, GuardSeconds: st.Guard.Seconds(), ConfigGuardSeconds: v.Guard.Seconds(), GuardMeasured: v.GuardMeasured,
 		GuardReason: st.GuardReason, WarmingForSeconds: Round2(st.WarmingFor.Seconds()),
 		Queued: qs.Pending + qs.Scheduled, InFlight: qs.Active, Requeued: qs.Retry, Retrying: qs.Retry,
-		GrantedLastMinute: st.GrantedLastMinute, GrantedTotal: st.Granted,
+		GrantedLastMinute: st.GrantedLastMinute, GrantedTotal: st.Granted, GivenUpTotal: st.Late + st.Dropped,
 		RateLimitedLastMinute: st.RateLimitedLastMinute, RateLimitedTotal: st.RateLimited,
 		PausedForSeconds: st.PausedFor.Seconds(), PauseReason: st.PauseReason,
 		PausesTotal: st.Pauses, LastPauseReason: st.LastPauseReason, RedisTime: st.At.UTC(),
