@@ -107,13 +107,6 @@ func (w *Worker) pollWork(ctx context.Context, ww *workWatch) ([]string, error) 
 	return moved, nil
 }
 
-// queueKey is one of asynq's keys of a vendor's queue (asynq's
-// internal/base scheme).
-func queueKey(vendor, name string) string { return "asynq:{" + QueueName(vendor) + "}:" + name }
-
-// highQueueKey is queueKey of the vendor's high lane.
-func highQueueKey(vendor, name string) string { return "asynq:{" + HighQueueName(vendor) + "}:" + name }
-
 // waitingCounts returns, for each vendor, how many tasks its queues (both
 // lanes) hold (pending, active, scheduled and retry): one pipelined round
 // trip.

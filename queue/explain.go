@@ -230,7 +230,7 @@ func estimateStart(st shaper.Stats, ahead int64, maxInFlight int, now time.Time)
 // from the right (internal/rdb's enqueue and dequeue scripts);
 // TestPlaceInLane fails if that changes.
 func placeInLane(ctx context.Context, rdb redis.UniversalClient, queue, id string) (int64, error) {
-	key := "asynq:{" + queue + "}:pending"
+	key := asynqKey(queue, "pending")
 	pipe := rdb.Pipeline()
 	pos := pipe.LPos(ctx, key, id, redis.LPosArgs{})
 	n := pipe.LLen(ctx, key)

@@ -1,7 +1,7 @@
 package queue
 
 // Keys of the queue package. The gate's own keys are in shaper/keys.go;
-// asynq's are asynq's.
+// the few of asynq's that the queue reads are in asynqkeys.go.
 
 import "github.com/shaper-dev/shaper/shaper"
 

@@ -102,12 +102,6 @@ redis.call('HSET', k_task, 'state', 'pending')
 return 1
 `)
 
-// asynqKeys are asynq v0.26's keys of a task in queue q (internal/base).
-func asynqKeys(q, id string) []string {
-	p := "asynq:{" + q + "}:"
-	return []string{p + "active", p + "lease", p + "pending", p + "t:" + id}
-}
-
 // holderOf names the call of a handler's ctx in the gate's record of held
 // calls: "queue|task id".
 func holderOf(ctx context.Context) string {
@@ -232,7 +226,7 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	hi := strconv.FormatInt(staleBefore.Unix(), 10)
 	var stale []string
 	for _, q := range []string{rt.queue, rt.high} {
-		ids, err := w.rdb.ZRangeByScore(ctx, "asynq:{"+q+"}:lease", &redis.ZRangeBy{Min: "(" + lo, Max: "(" + hi}).Result()
+		ids, err := w.rdb.ZRangeByScore(ctx, asynqKey(q, "lease"), &redis.ZRangeBy{Min: "(" + lo, Max: "(" + hi}).Result()
 		if err != nil {
 			return 0, err
 		}

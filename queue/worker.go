@@ -183,6 +183,9 @@ type applyRequest struct {
 
 // NewWorker returns a worker for cfg.Vendors on rdb; it never closes rdb.
 func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
+	if err := checkAsynq(); err != nil {
+		return nil, err
+	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}

@@ -27,16 +27,16 @@ func TestLowerAndRaiseRate(t *testing.T) {
 	ctl := b.Control()
 	ctx := context.Background()
 	const cooldown = 105 * time.Millisecond // window + guard
-	r, err := ctl.LowerRate(ctx, "429 without hints")
+	r, err := ctl.lowerRate(ctx, "429 without hints")
 	if err != nil || !near(r, 70) {
 		t.Fatalf("first rate-limited answer: rate %v, %v; want 70", r, err)
 	}
 	clk.advance(cooldown - time.Microsecond)
-	if r, _ := ctl.LowerRate(ctx, "again"); !near(r, 70) {
+	if r, _ := ctl.lowerRate(ctx, "again"); !near(r, 70) {
 		t.Fatalf("a rate-limited answer within the cooldown lowered the rate again to %v", r)
 	}
 	clk.advance(time.Microsecond)
-	if r, _ := ctl.LowerRate(ctx, "after cooldown"); !near(r, 49) {
+	if r, _ := ctl.lowerRate(ctx, "after cooldown"); !near(r, 49) {
 		t.Fatalf("a rate-limited answer after the cooldown: %v, want 49", r)
 	}
 	st, err := b.Stats(ctx)
@@ -45,33 +45,33 @@ func TestLowerAndRaiseRate(t *testing.T) {
 	}
 	// No step before a quiet period has passed since the last change.
 	clk.advance(p.Adapt.Quiet - time.Microsecond)
-	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+	if _, changed, _ := ctl.raiseRate(ctx); changed {
 		t.Fatal("raised before a quiet period")
 	}
 	clk.advance(time.Microsecond)
-	r, changed, err := ctl.RaiseRate(ctx)
+	r, changed, err := ctl.raiseRate(ctx)
 	if err != nil || !changed || !near(r, 54) {
 		t.Fatalf("raise: %v %v %v; want 54 (49 + 5%% of 100)", r, changed, err)
 	}
-	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+	if _, changed, _ := ctl.raiseRate(ctx); changed {
 		t.Fatal("two steps in one quiet period")
 	}
 	clk.advance(p.Adapt.Quiet)
-	if r, _, _ := ctl.RaiseRate(ctx); !near(r, 59) {
+	if r, _, _ := ctl.raiseRate(ctx); !near(r, 59) {
 		t.Fatalf("second step: %v, want 59", r)
 	}
 	// A rate-limited answer at 59 falls back to the last quiet rate (54),
 	// not to 41.3.
-	if r, _ := ctl.LowerRate(ctx, "429"); !near(r, 54) {
+	if r, _ := ctl.lowerRate(ctx, "429"); !near(r, 54) {
 		t.Fatalf("rate-limited above a quiet rate: %v, want 54", r)
 	}
 	// Steps now stop just below the rate that failed (59 * 0.97).
 	clk.advance(p.Adapt.Quiet)
-	if r, _, _ := ctl.RaiseRate(ctx); !near(r, 57.23) {
+	if r, _, _ := ctl.raiseRate(ctx); !near(r, 57.23) {
 		t.Fatalf("capped step: %v, want 57.23", r)
 	}
 	clk.advance(p.Adapt.Quiet)
-	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+	if _, changed, _ := ctl.raiseRate(ctx); changed {
 		t.Fatal("stepped above 97% of the rate that failed")
 	}
 }
@@ -89,14 +89,14 @@ func TestRaiseRateClearsAtTheConfiguredRate(t *testing.T) {
 	}
 	ctl := b.Control()
 	ctx := context.Background()
-	if r, err := ctl.LowerRate(ctx, "429"); err != nil || !near(r, 7) {
+	if r, err := ctl.lowerRate(ctx, "429"); err != nil || !near(r, 7) {
 		t.Fatalf("lower: %v, %v; want 7", r, err)
 	}
 	// 120ms after the failure: capped at 97% of the rate that failed (10).
 	// 240ms after: the failure is older than Probe, 7+5 > 10, cleared.
 	for i, want := range []float64{9.7, 0} {
 		clk.advance(120 * time.Millisecond)
-		r, changed, err := ctl.RaiseRate(ctx)
+		r, changed, err := ctl.raiseRate(ctx)
 		if err != nil || !changed || !near(r, want) {
 			t.Fatalf("step %d: %v, %v, %v; want %v", i+1, r, changed, err, want)
 		}
@@ -105,7 +105,7 @@ func TestRaiseRateClearsAtTheConfiguredRate(t *testing.T) {
 	if err != nil || st.RateSource != "" || st.RateReason != "" || !near(st.EffectiveRate, st.ConfiguredRate) {
 		t.Errorf("after recovery: %+v, %v", st, err)
 	}
-	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+	if _, changed, _ := ctl.raiseRate(ctx); changed {
 		t.Error("raised a rate that was already back at the configured one")
 	}
 }
@@ -128,7 +128,7 @@ func TestAnnounce(t *testing.T) {
 	if st.RateSource != "announced" || !near(st.EffectiveRate, EffectiveRate(iv, 1, time.Second)) || st.RateReason != "X-RateLimit-Limit: 40" {
 		t.Fatalf("announced: %+v", st)
 	}
-	if _, changed, _ := ctl.RaiseRate(ctx); changed {
+	if _, changed, _ := ctl.raiseRate(ctx); changed {
 		t.Error("RaiseRate changed an announced rate")
 	}
 	// The reserve script spaces ticks at the lowered rate.

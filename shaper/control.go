@@ -21,11 +21,12 @@ func (b *Bucket) Control() *Control { return &Control{b: b} }
 // configured is the primary limit's configured rate.
 func (c *Control) configured() float64 { return float64(c.b.policy.Limits[0].Rate) }
 
-// SetRate lowers the bucket's effective rate to rate calls per window of
-// its primary limit, for every replica, and records why. A rate above the
-// configured one is capped to it. Fractions below 1 are allowed (0.5 is one
-// call every two windows). Rates set here are not changed by RaiseRate.
-func (c *Control) SetRate(ctx context.Context, rate float64, reason string) error {
+// overrideRate lowers the bucket's effective rate to rate calls per window
+// of its primary limit, for every replica, and records why (source
+// "set"). A rate above the configured one is capped to it. Fractions below
+// 1 are allowed (0.5 is one call every two windows). Rates set here are
+// not changed by raiseRate. Tests use it to stand for what adaptation sets.
+func (c *Control) overrideRate(ctx context.Context, rate float64, reason string) error {
 	return c.setRate(ctx, rate, reason, "set")
 }
 
@@ -116,10 +117,11 @@ redis.call('HSET', KEYS[1], 'rate', tostring(new), 'hi', tostring(cur), 'last_ch
 return tostring(new)
 `)
 
-// LowerRate records that the vendor answered rate-limited without saying
+// lowerRate records that the vendor answered rate-limited without saying
 // its limit, and lowers the effective rate for every replica (at most once
-// per window). It returns the effective rate now in force.
-func (c *Control) LowerRate(ctx context.Context, reason string) (float64, error) {
+// per window), multiplicatively: the rule Refused applies as a rate
+// lesson. It returns the effective rate now in force.
+func (c *Control) lowerRate(ctx context.Context, reason string) (float64, error) {
 	b := c.b
 	a := b.policy.Adapt.withDefaults()
 	cooldown := b.policy.Limits[0].Window + b.policy.Guard
@@ -207,11 +209,12 @@ local function raise_rate(key, now, r)
 end
 `
 
-// RaiseRate raises a learned effective rate by one step when the vendor
-// has been quiet for a quiet period. Replicas may all call it: a step
-// happens once per period. It reports the new rate (0: back to the
-// configured one) and whether anything changed.
-func (c *Control) RaiseRate(ctx context.Context) (float64, bool, error) {
+// raiseRate raises a learned effective rate by one step when the vendor
+// has been quiet for a quiet period, as the reserve script does with the
+// bucket's own traffic. Replicas may all call it: a step happens once per
+// period. It reports the new rate (0: back to the configured one) and
+// whether anything changed.
+func (c *Control) raiseRate(ctx context.Context) (float64, bool, error) {
 	b := c.b
 	ra := b.raiseArgs()
 	s, err := raiseScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), ra.Cfg, ra.Step, ra.Quiet, ra.Probe, ra.Recheck, ra.Ceiling).Text()

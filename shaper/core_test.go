@@ -82,7 +82,7 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			both(func(b *Bucket) error { _, err := b.Control().Pause(ctx, d, "test"); return err })
 		case 1:
 			r := 5 + float64(rng.IntN(10))
-			both(func(b *Bucket) error { return b.Control().SetRate(ctx, r, "test") })
+			both(func(b *Bucket) error { return b.Control().overrideRate(ctx, r, "test") })
 		case 2:
 			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
 		case 3:

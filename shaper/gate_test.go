@@ -597,7 +597,7 @@ func TestGateStateIsSmall(t *testing.T) {
 	if _, err := ctl.Pause(ctx, time.Millisecond, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if err := ctl.SetRate(ctx, 900_000, "test"); err != nil {
+	if err := ctl.overrideRate(ctx, 900_000, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := ctl.CountRateLimited(ctx); err != nil {
@@ -720,7 +720,7 @@ func TestRespaceAppliesAtOnce(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond) // a backlog with ticks reserved ahead
 		b, _ := reps[0].gate.Bucket("acme", p)
 		changedAt = time.Now()
-		if err := b.Control().SetRate(context.Background(), 25, "test"); err != nil {
+		if err := b.Control().overrideRate(context.Background(), 25, "test"); err != nil {
 			t.Error(err)
 		}
 		if err := b.Control().Respace(context.Background()); err != nil {

@@ -202,7 +202,7 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 	if _, err := b.reserve(ctx, Request{}); err != nil { // first use
 		t.Fatal(err)
 	}
-	lowered, err := b.Control().LowerRate(ctx, "429")
+	lowered, err := b.Control().lowerRate(ctx, "429")
 	if err != nil || lowered != 70 {
 		t.Fatalf("LowerRate = %v, %v; want 70", lowered, err)
 	}
@@ -241,7 +241,7 @@ func TestPlan(t *testing.T) {
 	if err != nil || first != 5*time.Second {
 		t.Fatalf("second plan starts %s from now, %v; want after the 50 planned before (5s)", first, err)
 	}
-	if err := b.Control().SetRate(ctx, 5, "test"); err != nil {
+	if err := b.Control().overrideRate(ctx, 5, "test"); err != nil {
 		t.Fatal(err)
 	}
 	_, pace, _ = b.Plan(ctx, 1)

@@ -45,7 +45,7 @@ import (
 // failed until Probe).
 type Adapt struct {
 	// Decrease multiplies the rate when the refused call is unknown
-	// (Control.LowerRate); default 0.7.
+	// (a rate lesson); default 0.7.
 	Decrease float64
 	// Increase is the share of the configured rate a learned rate
 	// regains per Quiet period; default 0.05.

@@ -95,7 +95,7 @@ func TestLuaTickMatchesGo(t *testing.T) {
 			}
 			wantIv, wantBurst := p.Tick()
 			if rate > 0 {
-				if err := b.Control().SetRate(ctx, rate, "test"); err != nil {
+				if err := b.Control().overrideRate(ctx, rate, "test"); err != nil {
 					t.Fatal(err)
 				}
 				wantIv, wantBurst = p.WithRate(rate)

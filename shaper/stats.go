@@ -51,9 +51,9 @@ type Stats struct {
 	EffectiveRate  float64
 	Window         time.Duration
 	RateReason     string
-	RateSource     string // "learned" (429s), "announced" (headers), "set" (SetRate), "" (configured)
+	RateSource     string // "learned" (429s), "announced" (headers), "set" (set by hand), "" (configured)
 	// Source names what sets EffectiveRate now: "configured", "announced"
-	// (rate-limit headers), "learned" (429s), "set" (SetRate), "margin"
+	// (rate-limit headers), "learned" (429s), "set" (set by hand), "margin"
 	// (a guard learned from 429s at the full spacing) or "warmup".
 	Source string
 	// Guard is the guard in force: the policy's, or a wider one learned
