@@ -55,6 +55,8 @@ func main() {
 	serveAccountsN := flag.Int("serve-accounts", 0, "internal: run the per-account vendor of -accounts with this many accounts")
 	serveRate := flag.Int("serve-rate", 5, "internal: calls per second per account for -serve-accounts")
 	accountsN := flag.Int("accounts-n", 400, "accounts for -accounts")
+	accountsCalls := flag.Int("accounts-calls", 60, "calls per account for -accounts")
+	accountsReplicas := flag.Int("accounts-replicas", 4, "worker replicas for -accounts")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process to this file")
 	idleMode := flag.Bool("idle", false, "measure the idle cost instead: Redis commands/s, goroutines, CPU and heap of vendors served with nothing queued, shaper against plain asynq, on a redis-server of its own (writes idle.md)")
 	idleVendors := flag.Int("idle-vendors", 200, "vendors (queues) for -idle")
@@ -103,7 +105,7 @@ func main() {
 		return
 	}
 	if *accountsOnly {
-		r, err := accountsRun(addr, *accountsN, 5, 60, 4)
+		r, err := accountsRun(addr, *accountsN, 5, *accountsCalls, *accountsReplicas)
 		must(err)
 		fmt.Print(accountsTable([]accountsResult{r}))
 		return
