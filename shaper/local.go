@@ -130,6 +130,11 @@ func (g *Gate) ActiveIn(group string) []string {
 // maxBatch bounds the calls one batch asks for (see askBatched).
 const maxBatch = 32
 
+// holdTogether is the longest wait behind a high call that a batch waits
+// out together (see runBatch); past it, its callers wait on their own,
+// batchStagger apart.
+const holdTogether = 250 * time.Millisecond
+
 // asker is a caller waiting in a bucket's batch.
 type asker struct {
 	b    *Bucket
@@ -191,9 +196,25 @@ func (g *Gate) runBatch(ctx context.Context, l *local) {
 		reqs[i] = a.req
 	}
 	// The batch serves callers other than this one: its end is not theirs.
-	sent := g.clock.Now()
-	rs, err := b.reserveMany(context.WithoutCancel(ctx), reqs)
-	recv := g.clock.Now()
+	ctx = context.WithoutCancel(ctx)
+	var rs []reservation
+	var err error
+	var sent, recv time.Time
+	for {
+		sent = g.clock.Now()
+		rs, err = b.reserveMany(ctx, reqs)
+		recv = g.clock.Now()
+		// Told to step aside together for a high call: wait together and
+		// ask again in the same order, rather than come back in a race
+		// that shuffles the lane (callers that come meanwhile line up
+		// behind).
+		if err != nil || rs[0].ok || rs[0].reason != behindHigh || rs[0].wait > holdTogether {
+			break
+		}
+		if err = g.clock.Sleep(ctx, rs[0].wait); err != nil {
+			break
+		}
+	}
 	for i, a := range take {
 		rep := batchReply{sent: sent, recv: recv, err: err}
 		if err == nil {
