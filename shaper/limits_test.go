@@ -347,6 +347,18 @@ func TestHighLaneGoesFirst(t *testing.T) {
 	if n.ok || n.reason != behindHigh {
 		t.Fatalf("a normal call while a high one waits: %+v", n)
 	}
+	// So does a batch of them, as one (see runBatch), each told to come
+	// back just after the one before it.
+	batch := make([]Request, 5)
+	rs, err := b.reserveMany(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.ok || r.reason != behindHigh || (i > 0 && r.wait <= rs[i-1].wait) {
+			t.Fatalf("call %d of a batch while a high one waits: %+v (the one before: %+v)", i+1, r, rs[max(i-1, 0)])
+		}
+	}
 	clk.advance(hi.wait)
 	hi, err = b.reserve(ctx, Request{Lane: High})
 	if err != nil {
@@ -366,6 +378,20 @@ func TestHighLaneGoesFirst(t *testing.T) {
 	}
 	if n.reason == behindHigh {
 		t.Errorf("a normal call still steps aside after the high one was granted: %+v", n)
+	}
+	// The batch that stepped aside, asking again in its order, keeps it:
+	// each call's tick (or moment to come back) after the one before.
+	rs, err = b.reserveMany(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(rs); i++ {
+		if rs[i].reason == behindHigh {
+			t.Fatalf("call %d of the batch still steps aside: %+v", i+1, rs[i])
+		}
+		if rs[i].wait <= rs[i-1].wait {
+			t.Errorf("call %d of the batch comes after %v, call %d after %v: the batch lost its order", i+1, rs[i].wait, i, rs[i-1].wait)
+		}
 	}
 }
 
