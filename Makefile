@@ -3,25 +3,42 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
+.PHONY: test test-redis test-browser test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
 
-# Every guarantee (G1-G8) on a real Redis, without the race detector (make
-# test-race runs the same under it): 4m56s from empty build and module
-# caches on this 2-core machine (measured 2026-12-03). The first command
-# builds every test binary on both cores; the second runs them one package
-# at a time (-p 1), light scenarios of one package side by side (-parallel
-# 8). -short skips the long scenarios, which make test-long runs. Every
-# wall-clock test asserts safety only (no window above its limit, 429s
-# bounded, nothing lost); shares are asserted on simulated time only.
+# Every guarantee (G1-G8), on a machine with Go alone: the tests use
+# REDIS_ADDR, else a redis-server on PATH started on a free port, else the
+# embedded Redis (and say so). Leaves to their own targets the tests that
+# need another program: make test-redis (tests named TestOwnRedis..., which
+# start, kill and restart redis-server processes of their own: restarts,
+# a stale copy, a cluster, a replica, TLS, eviction) and make
+# test-browser (the live page in Chromium); .ci/run installs both and runs
+# them. The first command builds every test binary on both cores; the
+# second runs them one package at a time (-p 1), light scenarios of one
+# package side by side (-parallel 8). -short skips the long scenarios,
+# which make test-long runs. Every wall-clock test asserts safety only
+# (no window above its limit, 429s bounded, nothing lost); shares are
+# asserted on simulated time only. Measured times: docs/development.md.
+NEEDS_PROGRAMS := '^(TestOwnRedis|TestPageInBrowser$$)'
 test:
 	$(GO) test -count=1 -short -run '^$$' ./... > /dev/null
-	$(GO) test -count=1 -p 1 -parallel 8 -short ./...
+	$(GO) test -count=1 -p 1 -parallel 8 -short -skip $(NEEDS_PROGRAMS) ./...
 
-# make test under the race detector: about 9 minutes from a cold cache
-# (the race build of every dependency is most of it), 5 warm.
+# The tests that start redis-server processes of their own: they fail,
+# saying what to install, where redis-server is missing.
+test-redis:
+	$(GO) test -count=1 -p 1 -parallel 8 -short -run '^TestOwnRedis' ./...
+
+# The live page in headless Chromium (chromedp): fails, saying what to
+# install, where Chromium is missing.
+test-browser:
+	$(GO) test -count=1 -run '^TestPageInBrowser$$' ./cmd/shaper
+
+# make test under the race detector, with the tests that need
+# redis-server: about 9 minutes from a cold cache (the race build of
+# every dependency is most of it), 5 warm.
 test-race:
 	$(GO) test -race -count=1 -short -run '^$$' ./... > /dev/null
-	$(GO) test -race -count=1 -p 1 -parallel 8 -short ./...
+	$(GO) test -race -count=1 -p 1 -parallel 8 -short -skip '^TestPageInBrowser$$' ./...
 
 # The long scenarios (TestLong..., marked with redistest.Long): a minute of
 # rate learning, fault runs through the CLI worker with asynq's default
@@ -97,6 +114,6 @@ fuzz:
 # ones (also in make test-long): worker kills, Redis restarts, a Sentinel
 # failover, a 30 s outage, a stalled Redis, a stale copy of the gate,
 # eviction, TLS and ACLs, secrets, a million queued calls.
-FAULTS := 'Fault|ThreeWorkersAndAKill|TestGateRedisRestart|TestGateStaleCopy|TestGateMissingStateAfterSwitch|EvictingRedis|TLSAndLeastPrivilegeACL|WaitsForReplicas|SecretsStayOut|MillionQueuedCalls'
+FAULTS := 'Fault|ThreeWorkersAndAKill|TestOwnRedisGateRestart|TestOwnRedisStaleCopy|TestOwnRedisMissingStateAfterSwitch|EvictingRedis|TLSAndLeastPrivilegeACL|WaitsForReplicas|SecretsStayOut|MillionQueuedCalls'
 faults:
 	$(GO) test -count=1 -p 1 -parallel 4 -timeout 30m -v -run $(FAULTS) ./cmd/shaper ./queue ./shaper

@@ -14,7 +14,7 @@ import (
 // ones (FLUSHALL, KEYS, CONFIG, DEBUG, ...), plus INFO (the eviction
 // check, the gate's failover check), TIME (the gate's clock, in its
 // scripts) and MEMORY USAGE (asynq's queue stats).
-// TestTLSAndLeastPrivilegeACL (cmd/shaper) runs a worker, enqueue and
+// TestOwnRedisTLSAndLeastPrivilegeACL (cmd/shaper) runs a worker, enqueue and
 // stats as a user with exactly these rules and fails on any ACL denial;
 // asynq's recoverer (once a minute), queue pauses and exports are not
 // exercised there.

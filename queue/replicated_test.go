@@ -13,11 +13,11 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// TestEnqueueWaitsForReplicas: with WaitReplicas set, an enqueue returns
+// TestOwnRedisEnqueueWaitsForReplicas: with WaitReplicas set, an enqueue returns
 // once a replica holds it; with the replica gone (or more asked for than
 // there are), it says the calls are queued on the master only, after
 // WaitTimeout, and the calls are still queued.
-func TestEnqueueWaitsForReplicas(t *testing.T) {
+func TestOwnRedisEnqueueWaitsForReplicas(t *testing.T) {
 	t.Parallel()
 	master := redistest.Start(t)
 	replica := redistest.StartReplica(t, master)

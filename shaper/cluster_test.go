@@ -10,12 +10,12 @@ import (
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
-// TestGateOnRedisCluster runs the gate's scripts on a three-master Redis
+// TestOwnRedisCluster runs the gate's scripts on a three-master Redis
 // Cluster: a bucket with a quota, calls of several units in both lanes, a
 // group with a total and a quota of its own, a plan, the stats and a
 // vendor's count. Every key one script touches carries the group's hash
 // tag, so Cluster takes each script (CROSSSLOT otherwise).
-func TestGateOnRedisCluster(t *testing.T) {
+func TestOwnRedisCluster(t *testing.T) {
 	t.Parallel() // safety only: runs beside the other gate tests
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
 	defer rdb.Close()

@@ -514,10 +514,10 @@ func TestGateMaxInFlight(t *testing.T) {
 	}
 }
 
-// TestGateRedisRestart kills Redis mid-run and starts it again empty: the
+// TestOwnRedisGateRestart kills Redis mid-run and starts it again empty: the
 // ticks reserved before the loss still go out, and the gate must wait them
 // out instead of starting a second stream on top of them.
-func TestGateRedisRestart(t *testing.T) {
+func TestOwnRedisGateRestart(t *testing.T) {
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}

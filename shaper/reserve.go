@@ -444,6 +444,19 @@ local function logged(l, u, b, logt, k, span, t, cost)
   return c
 end
 
+-- first_clear(key, from, to): the first clear bit of the bitmap at key
+-- in bits from..to, or -1. (BITPOS's BIT unit is Redis 7's: the embedded
+-- Redis lacks it, so the bytes are read and the bits scanned here.)
+local function first_clear(key, from, to)
+  local first = math.floor(from / 8)
+  local bytes = redis.call('GETRANGE', key, first, math.floor(to / 8))
+  for p = from, to do
+    local b = string.byte(bytes, math.floor(p / 8) - first + 1)
+    if not b or math.floor(b / 2 ^ (7 - p % 8)) % 2 == 0 then return p end
+  end
+  return -1
+end
+
 -- free_slot: the earliest free slot of the total's ring bitmap at or
 -- after t (beyond the horizon if none).
 local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
@@ -452,8 +465,8 @@ local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
   while j <= limit do
     local pos = j % ring
     local span = math.min(ring - 1 - pos, limit - j)
-    local p = redis.call('BITPOS', k_slots, 0, pos, pos + span, 'BIT')
-    if p >= 0 and p <= pos + span then return (j + p - pos) * tiv end
+    local p = first_clear(k_slots, pos, pos + span)
+    if p >= 0 then return (j + p - pos) * tiv end
     j = j + span + 1
   end
   return (limit + 1) * tiv

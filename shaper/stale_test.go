@@ -41,7 +41,7 @@ func copyKeys(t *testing.T, from, to *redis.Client, prefix string) int {
 	return len(keys)
 }
 
-// TestGateStaleCopy is the failover that lost the last writes: the gate's
+// TestOwnRedisStaleCopy is the failover that lost the last writes: the gate's
 // state is copied from server A to server B (a replica's copy), A grants
 // ticks for 400 ms more, and then every caller moves to B (the promoted
 // replica), whose copy lacks those ticks. B's state was written by
@@ -49,7 +49,7 @@ func copyKeys(t *testing.T, from, to *redis.Client, prefix string) int {
 // before the horizon A could have reserved up to, and G1 holds across
 // the switch, for a bucket of its own and for one in a group with a
 // total.
-func TestGateStaleCopy(t *testing.T) {
+func TestOwnRedisStaleCopy(t *testing.T) {
 	t.Parallel() // servers of its own; G1 is what it checks, not timing
 	for _, sc := range []struct {
 		name  string
@@ -126,13 +126,13 @@ func TestGateStaleCopy(t *testing.T) {
 	}
 }
 
-// TestGateMissingStateAfterSwitch: a replica's copy can hold a group's
+// TestOwnRedisMissingStateAfterSwitch: a replica's copy can hold a group's
 // epoch but not yet a bucket's state that the old master had just
 // written. On the server that took over, for a window after the switch, a
 // missing state counts as lost (its first tick waits out the horizon the
 // old server could have reserved up to); on a server that did not switch,
 // a bucket new to a group already in use is granted at once.
-func TestGateMissingStateAfterSwitch(t *testing.T) {
+func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	srvA, srvB := redistest.Start(t), redistest.Start(t)

@@ -17,11 +17,11 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// TestPauseFailureIsLoggedAsSuch: the vendor answers 429 while Redis is
+// TestOwnRedisPauseFailureIsLoggedAsSuch: the vendor answers 429 while Redis is
 // gone, so the pause cannot be set. The log must say the pause failed,
 // and the error must not claim a pause in force. (Before, it logged
 // "vendor paused for every replica" whatever Pause returned.)
-func TestPauseFailureIsLoggedAsSuch(t *testing.T) {
+func TestOwnRedisPauseFailureIsLoggedAsSuch(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer rdb.Close()

@@ -469,7 +469,7 @@ func maxIn(ts []time.Time, from, to time.Time, w time.Duration) int {
 	return best
 }
 
-func TestMetricsAndHealthz(t *testing.T) {
+func TestOwnRedisMetricsAndHealthz(t *testing.T) {
 	t.Parallel() // functional, not timed: runs beside the other light tests
 	// Its own Redis: the test kills it.
 	srvRedis := redistest.Start(t)

@@ -12,12 +12,12 @@ import (
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
-// TestWorkerRefusesAnEvictingRedis: a Redis whose maxmemory-policy may
+// TestOwnRedisWorkerRefusesAnEvictingRedis: a Redis whose maxmemory-policy may
 // evict queued calls (allkeys-*) stops the worker at start with a message
 // that names the policy and the fix; --allow-eviction runs it with a
 // warning; a volatile-* policy runs with a warning; noeviction runs
 // quietly.
-func TestWorkerRefusesAnEvictingRedis(t *testing.T) {
+func TestOwnRedisWorkerRefusesAnEvictingRedis(t *testing.T) {
 	t.Parallel()
 	rs := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/shaper-dev/shaper/internal/embedded"
 
 	"github.com/shaper-dev/shaper/config"
 )
@@ -42,8 +42,8 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 		if b, err := os.ReadFile(file); err == nil && ping(ctx, strings.TrimSpace(string(b))) == nil {
 			addr = strings.TrimSpace(string(b))
 		} else if startEmbedded {
-			m := miniredis.NewMiniRedis()
-			if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			m, err := embedded.Start("127.0.0.1:0")
+			if err != nil {
 				return nil, nil, fmt.Errorf("start the embedded Redis: %w", err)
 			}
 			addr = m.Addr()

@@ -17,13 +17,13 @@ import (
 	"github.com/shaper-dev/shaper/queue"
 )
 
-// TestTLSAndLeastPrivilegeACL runs the worker, enqueue and stats over
+// TestOwnRedisTLSAndLeastPrivilegeACL runs the worker, enqueue and stats over
 // rediss:// against a TLS-only redis-server (certificates made for the
 // test, a client certificate required) as an ACL user made by the command
 // `shaper config acl` prints (queue.ACLRules): every call completes, and Redis logged no ACL denial,
 // so the documented rules are enough; the user cannot flush the database
 // or touch another application's keys, so they are not too broad.
-func TestTLSAndLeastPrivilegeACL(t *testing.T) {
+func TestOwnRedisTLSAndLeastPrivilegeACL(t *testing.T) {
 	t.Parallel()
 	srv, files := redistest.StartTLS(t)
 	ctx := context.Background()

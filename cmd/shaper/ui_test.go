@@ -133,7 +133,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	t.Fatal("the live page's browser test needs Chromium on PATH: apt-get install chromium (or any of chromium-browser, google-chrome, headless-shell)")
+	t.Fatal("the live page's browser test (make test-browser) needs Chromium on PATH: apt-get install chromium (or any of chromium-browser, google-chrome, headless-shell)")
 	return ""
 }
 

@@ -18,9 +18,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/embedded"
 	"github.com/shaper-dev/shaper/internal/recipes"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/queue"
@@ -70,8 +70,8 @@ type Verdict struct {
 // Run runs the demo, printing progress and the verdict to out.
 func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	o.defaults()
-	mr := miniredis.NewMiniRedis()
-	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+	mr, err := embedded.Start("127.0.0.1:0")
+	if err != nil {
 		return nil, fmt.Errorf("demo: embedded Redis: %w", err)
 	}
 	defer mr.Close()

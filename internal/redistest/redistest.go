@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/shaper-dev/shaper/internal/embedded"
 )
 
 var (
@@ -55,7 +55,7 @@ func setup() error {
 			}
 			return
 		}
-		m, err := miniredis.Run()
+		m, err := embedded.Start("127.0.0.1:0")
 		if err != nil {
 			sharedErr = err
 			return
@@ -139,6 +139,7 @@ func StartDurable(tb testing.TB) *Server {
 
 func start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	ownServer(tb)
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("redistest: this test kills and restarts its own Redis and needs redis-server on PATH (apt-get install redis-server): %v", err)
 	}
@@ -150,6 +151,25 @@ func start(tb testing.TB, args ...string) *Server {
 	}
 	tb.Cleanup(s.stop)
 	return s
+}
+
+// OwnPrefix starts the name of every test, other than the long scenarios
+// and benchmarks, that starts a redis-server of its own: make test, which
+// needs Go alone, leaves them out, and make test-redis runs them.
+const OwnPrefix = "TestOwnRedis"
+
+// ownServer fails a test that starts a redis-server of its own but would
+// run in make test: one not named OwnPrefix..., TestLong... or
+// Benchmark....
+func ownServer(tb testing.TB) {
+	tb.Helper()
+	name := tb.Name()
+	for _, p := range []string{OwnPrefix, "TestLong", "Benchmark"} {
+		if strings.HasPrefix(name, p) {
+			return
+		}
+	}
+	tb.Fatalf("redistest: %s starts a redis-server of its own, which make test (Go alone) must not need: name it %s... so that make test-redis runs it instead", name, OwnPrefix)
 }
 
 // freePort returns a loopback port that was free a moment ago.

@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -29,6 +30,10 @@ type TLSFiles struct {
 // extra are more redis-server arguments (an ACL user, say).
 func StartTLS(tb testing.TB, extra ...string) (*Server, TLSFiles) {
 	tb.Helper()
+	ownServer(tb)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatalf("redistest: this test runs a TLS redis-server of its own and needs redis-server on PATH (apt-get install redis-server): %v", err)
+	}
 	dir := tb.TempDir()
 	caKey, caCert, caDER := newCert(tb, "shaper test CA", nil, nil, true)
 	write := func(name, typ string, der []byte) string {
