@@ -3,7 +3,12 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: test test-redis test-browser test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
+.PHONY: build test test-redis test-browser test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
+
+# The binary, into bin/ (shaper/ at the root is the gate's package, so
+# go build -o shaper would write into it).
+build:
+	$(GO) build -o bin/shaper ./cmd/shaper
 
 # Every guarantee (G1-G8), on a machine with Go alone: the tests use
 # REDIS_ADDR, else a redis-server on PATH started on a free port, else the

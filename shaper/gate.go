@@ -75,7 +75,7 @@ type Bucket struct {
 	policy   Policy
 	interval time.Duration
 	burst    int
-	keep     time.Duration // how long the state outlives its last tick: longest window + guard
+	keep     time.Duration // how long the state outlives its last tick: longest window + guard, at least minKeep
 	total    *totalTick    // the group's total limit, if any
 	limits   string        // limitSpec of the policy
 	keys     bucketKeys

@@ -319,6 +319,7 @@ func TestGateSkewedClocks(t *testing.T) {
 // TestGateIdleThenBacklog has a backlog, then silence longer than a window,
 // then a backlog again: the gate must not catch up on the idle ticks.
 func TestGateIdleThenBacklog(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{Rate: 50, Window: 500 * time.Millisecond}}}
@@ -451,6 +452,7 @@ func runHelper() int {
 // it: the others must stay within the cap while its lease lives, and get
 // the slot back when the lease expires.
 func TestGateMaxInFlight(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
 	const leaseTTL = 1500 * time.Millisecond
@@ -669,6 +671,7 @@ func startWatch(t *testing.T, ctx context.Context, wg *sync.WaitGroup, g *Gate) 
 // watching replicas hold ticks reserved up to a horizon ahead: no call may
 // start inside the pause, on either replica.
 func TestPauseDropsReservedTicks(t *testing.T) {
+	t.Parallel()
 	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}
@@ -778,6 +781,7 @@ func watchingReplicas(t *testing.T, n int) []*replica {
 // calls in the second starting a second after the change, once applied)
 // is logged, as load moves it; the test asserts only that calls go on.
 func TestRespaceAppliesARaiseAtOnce(t *testing.T) {
+	t.Parallel()
 	slow := Policy{Limits: []Limit{{Rate: 50, Window: time.Second}}}
 	fast := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
 	reps := watchingReplicas(t, 2)

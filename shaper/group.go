@@ -78,8 +78,14 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 			keep = max(keep, l.Window)
 		}
 	}
-	keep += p.Guard
+	keep = max(keep+p.Guard, minKeep)
 	return &Bucket{gate: grp.gate, name: full, group: grp.name, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: &meter{},
 		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1),
 		core: len(p.Limits) == 1 && grp.total == nil && p.MaxInFlight == 0 && p.Warmup == 0}, nil
 }
+
+// minKeep is the least a bucket's state outlives its last tick. A window
+// of a few milliseconds would otherwise let the state expire between two
+// calls that a busy host or Redis serves that far apart, and the next
+// call would find it lost (a reset waits out the horizon).
+const minKeep = 250 * time.Millisecond

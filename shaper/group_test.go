@@ -66,6 +66,7 @@ func TestStateExpiresAfterIdle(t *testing.T) {
 // TestManyBucketsComeAndGo: 5,000 buckets of one group used once leave
 // no key behind once idle but the group's epoch and stats.
 func TestManyBucketsComeAndGo(t *testing.T) {
+	t.Parallel()
 	prefix := redistest.Prefix(t)
 	r := newReplica(t, redistest.Addr(t), prefix, nil)
 	ctx := context.Background()

@@ -25,6 +25,7 @@ func perSecond(ts []time.Time, from time.Time, n int) []int {
 // and in fixed windows at 50 phases. The climb to the rate (the calls per
 // second) is logged, as load moves it.
 func TestWarmupRamps(t *testing.T) {
+	t.Parallel()
 	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Warmup: 3 * time.Second, WarmupFrom: 25}
 	reps := watchingReplicas(t, 2)
 	rec := &recorder{}

@@ -34,6 +34,7 @@ shows live progress, then a verdict table, and ends by itself.`,
 	f.IntVar(&o.Rate, "rate", 50, "the vendors' limit per window")
 	f.DurationVar(&o.Window, "window", time.Second, "the vendors' fixed window")
 	f.IntVar(&o.Workers, "workers", 3, "worker replicas per approach")
-	f.DurationVar(&o.Timeout, "timeout", 45*time.Second, "stop the demo after this long")
+	f.DurationVar(&o.Timeout, "timeout", 40*time.Second, "stop the demo after this long, whatever happened")
+	f.DurationVar(&o.Settle, "settle", 3*time.Second, "once shaper is done, stop this long after if the token bucket has already broken the limit")
 	return cmd
 }

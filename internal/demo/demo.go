@@ -34,7 +34,11 @@ type Options struct {
 	Rate    int           // the vendor's limit per Window; default 50
 	Window  time.Duration // default 1s
 	Workers int           // replicas per approach; default 3
-	Timeout time.Duration // the demo stops by then; default 45s
+	Timeout time.Duration // the demo stops by then whatever happened; default 40s
+	// Settle is how long the demo goes on once shaper is done while the
+	// alternative is not, when the alternative has already shown what it
+	// does (429s, or more calls in a window than the limit); default 3s.
+	Settle time.Duration
 }
 
 func (o *Options) defaults() {
@@ -51,7 +55,10 @@ func (o *Options) defaults() {
 		o.Workers = 3
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = 45 * time.Second
+		o.Timeout = 40 * time.Second
+	}
+	if o.Settle <= 0 {
+		o.Settle = 3 * time.Second
 	}
 }
 
@@ -157,7 +164,12 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 			el.Seconds(), s.DistinctKeys, o.Calls, s.DistinctKeys-prev[0], s.RateLimited,
 			n.DistinctKeys, o.Calls, n.DistinctKeys-prev[1], n.RateLimited)
 		prev = [2]int{s.DistinctKeys, n.DistinctKeys}
-		if (shapedDone > 0 && naiveDone > 0) || time.Now().After(deadline) {
+		if why := stopWhy(o, el, shapedDone, naiveDone, n); why != "" {
+			fmt.Fprintf(out, "\nstopped: %s\n", why)
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(out, "\nstopped: the timeout (%s) passed\n", o.Timeout)
 			break
 		}
 	}
@@ -177,6 +189,21 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	}
 	tw.Flush()
 	return verdicts, nil
+}
+
+// stopWhy says why the demo can stop at el, or "" to go on: both
+// approaches are done, or shaper is, and the alternative, not done, has
+// broken the vendor's limit (its 429s or a window over the limit are the
+// verdict) and had Settle more to finish.
+func stopWhy(o Options, el, shapedDone, naiveDone time.Duration, naive vendorsim.Summary) string {
+	switch {
+	case shapedDone > 0 && naiveDone > 0:
+		return "both approaches are done"
+	case shapedDone > 0 && el-shapedDone >= o.Settle && (naive.RateLimited > 0 || naive.MaxPerWindow > o.Rate):
+		return fmt.Sprintf("shaper was done at %s; %s later the token bucket per worker had %d of %d calls done, %d 429s and up to %d calls in a window (limit %d): the verdict is clear",
+			shapedDone.Round(time.Second), o.Settle, naive.DistinctKeys, o.Calls, naive.RateLimited, naive.MaxPerWindow, o.Rate)
+	}
+	return ""
 }
 
 func verdict(name string, v *vendorsim.Vendor, o Options, took, elapsed time.Duration) Verdict {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/internal/vendorsim"
 )
 
 // TestDemo runs the demo small: 150 calls at 50/s take shaper about 4 s.
@@ -32,5 +34,30 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "APPROACH") || !strings.Contains(out.String(), "token bucket per worker") {
 		t.Errorf("no verdict table:\n%s", out.String())
+	}
+}
+
+// TestStopWhy: the demo stops once both are done, or once shaper is and
+// the alternative has broken the limit and had Settle more; not before.
+func TestStopWhy(t *testing.T) {
+	o := Options{Calls: 1000, Rate: 50, Settle: 3 * time.Second}
+	broke := vendorsim.Summary{DistinctKeys: 260, RateLimited: 166, MaxPerWindow: 160}
+	clean := vendorsim.Summary{DistinctKeys: 900, MaxPerWindow: 50}
+	s := time.Second
+	for _, c := range []struct {
+		el, shaped, naive time.Duration
+		sum               vendorsim.Summary
+		stop              bool
+	}{
+		{10 * s, 0, 0, broke, false},          // shaper not done
+		{22 * s, 21 * s, 0, broke, false},     // shaper just done: Settle first
+		{24 * s, 21 * s, 0, broke, true},      // the verdict is clear
+		{24 * s, 21 * s, 0, clean, false},     // the alternative keeps the limit: let it finish
+		{25 * s, 21 * s, 25 * s, clean, true}, // both done
+	} {
+		why := stopWhy(o, c.el, c.shaped, c.naive, c.sum)
+		if (why != "") != c.stop {
+			t.Errorf("at %v (shaper done %v, token bucket done %v, %+v): stop %q, want stop %v", c.el, c.shaped, c.naive, c.sum, why, c.stop)
+		}
 	}
 }
