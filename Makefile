@@ -23,27 +23,27 @@ build:
 # which make test-long runs. Every wall-clock test asserts safety only
 # (no window above its limit, 429s bounded, nothing lost); shares are
 # asserted on simulated time only. Measured times: docs/development.md.
-NEEDS_PROGRAMS := '^(TestOwnRedis|TestPageInBrowser$$)'
 test:
 	$(GO) test -count=1 -short -run '^$$' ./... > /dev/null
-	$(GO) test -count=1 -p 1 -parallel 8 -short -skip $(NEEDS_PROGRAMS) ./...
+	$(GO) test -count=1 -p 1 -parallel 8 -short -skip '^TestOwnRedis' ./...
 
 # The tests that start redis-server processes of their own: they fail,
 # saying what to install, where redis-server is missing.
 test-redis:
 	$(GO) test -count=1 -p 1 -parallel 8 -short -run '^TestOwnRedis' ./...
 
-# The live page in headless Chromium (chromedp): fails, saying what to
-# install, where Chromium is missing.
+# The live page in headless Chromium (chromedp; the test file is built
+# with -tags browser only): fails, saying what to install, where Chromium
+# is missing.
 test-browser:
-	$(GO) test -count=1 -run '^TestPageInBrowser$$' ./cmd/shaper
+	$(GO) test -tags browser -count=1 -run '^TestPageInBrowser$$' ./cmd/shaper
 
 # make test under the race detector, with the tests that need
 # redis-server: about 9 minutes from a cold cache (the race build of
 # every dependency is most of it), 5 warm.
 test-race:
 	$(GO) test -race -count=1 -short -run '^$$' ./... > /dev/null
-	$(GO) test -race -count=1 -p 1 -parallel 8 -short -skip '^TestPageInBrowser$$' ./...
+	$(GO) test -race -count=1 -p 1 -parallel 8 -short ./...
 
 # The long scenarios (TestLong..., marked with redistest.Long): a minute of
 # rate learning, fault runs through the CLI worker with asynq's default
@@ -101,12 +101,14 @@ bench-idle:
 # docs/ui.png: the live page of a real worker in headless Chromium,
 # taken by TestPageInBrowser while calls go out and a 429 pauses them.
 ui-screenshot:
-	$(GO) test -count=1 -run '^TestPageInBrowser$$' -v ./cmd/shaper -args -screenshot $(CURDIR)/docs/ui.png
+	$(GO) test -tags browser -count=1 -run '^TestPageInBrowser$$' -v ./cmd/shaper -args -screenshot $(CURDIR)/docs/ui.png
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
+	$(GO) vet -tags browser ./cmd/shaper
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags browser ./cmd/shaper
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config
