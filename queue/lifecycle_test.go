@@ -126,6 +126,7 @@ func TestApplyAfterRun(t *testing.T) {
 // vendor that never answers 429: the worker pauses the vendor's asynq
 // queue and must say it is backlogged, never that the vendor paused.
 func TestLogSaysBacklogNotPause(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vendor := &vendorsim.Vendor{Rate: 5, Window: time.Second}
 	name := e.vendor("backlog", policy(5), 0, vendor)

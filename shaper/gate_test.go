@@ -298,6 +298,7 @@ func TestGateWindowSafety(t *testing.T) {
 // waits are relative to Redis time, so the skew must not matter: G1 holds
 // and every call starts (the utilisation is logged).
 func TestGateSkewedClocks(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
 	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}

@@ -130,6 +130,7 @@ func TestLongFaultRedisRestartWithAOF(t *testing.T) {
 // TestLongThreeWorkersAndAKill waits it out for real beside two live
 // workers.
 func TestFaultWorkerKilledLosesNothing(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
