@@ -71,7 +71,7 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 	defer stopVendor()
 	env := &runEnv{addr: addr, name: fmt.Sprintf("a%d-accounts", time.Now().UnixNano())}
 	defer env.close()
-	vendor := queue.Vendor{Vendor: vendorclients.Vendor{Name: env.name, BaseURL: vendorURL + "/stores/{account}"},
+	vendor := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: env.name, BaseURL: vendorURL + "/stores/{account}"},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: perAccount, Window: time.Second}}}, PerAccount: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -272,12 +272,12 @@ func startAccountsVendor(n, perAccount int) (url string, stop func(), err error)
 // vendor of perAccount calls per second at a random phase, under
 // /stores/<account>/; /_count and /_requests report.
 func serveAccounts(n, perAccount int) error {
-	vends := make(map[string]*vendorsim.Vendor, n)
+	vends := make(map[string]*vendorsim.Mock, n)
 	ticks := map[string]int64{} // Idempotency-Key + arrival -> tick, by request
 	var mu sync.Mutex
 	var succeeded atomic.Int64
 	for i := range n {
-		vends[fmt.Sprintf("store-%03d", i)] = &vendorsim.Vendor{Rate: perAccount, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+		vends[fmt.Sprintf("store-%03d", i)] = &vendorsim.Mock{Rate: perAccount, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/stores/", func(w http.ResponseWriter, r *http.Request) {

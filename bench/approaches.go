@@ -97,7 +97,7 @@ func startGCRA(ctx context.Context, e *runEnv, burst int) (func(), error) {
 }
 
 func (e *runEnv) shaperVendor() queue.Vendor {
-	return queue.Vendor{Vendor: vendorclients.Vendor{Name: e.name, BaseURL: e.vendorURL},
+	return queue.Vendor{Endpoint: vendorclients.Endpoint{Name: e.name, BaseURL: e.vendorURL},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: e.rate, Window: time.Second}}}, Concurrency: e.concurrency}
 }
 

@@ -47,7 +47,7 @@ func median(xs []float64) float64 {
 func overhead(addr string, calls int) string {
 	var b strings.Builder
 	unlimited := func(a approach, replicas, rate int) float64 {
-		vend := &vendorsim.Vendor{Rate: 1 << 30, Window: time.Second}
+		vend := &vendorsim.Mock{Rate: 1 << 30, Window: time.Second}
 		srv := httptest.NewServer(vend)
 		defer srv.Close()
 		env := &runEnv{addr: addr, vendorURL: srv.URL, rate: rate, replicas: replicas, calls: calls, concurrency: overheadConcurrency,

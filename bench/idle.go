@@ -183,8 +183,8 @@ func startIdleShaper(addr string, vendors []string, replicas int) (func(), error
 	vs := make([]queue.Vendor, len(vendors))
 	for i, name := range vendors {
 		vs[i] = queue.Vendor{
-			Vendor: vendorclients.Vendor{Name: name, BaseURL: "http://127.0.0.1:1"},
-			Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}},
+			Endpoint: vendorclients.Endpoint{Name: name, BaseURL: "http://127.0.0.1:1"},
+			Policy:   shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}},
 		}
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -174,7 +174,7 @@ func tookString(d time.Duration) string {
 
 // run drives one approach against a fresh vendor.
 func run(addr string, a approach, rate, replicas, calls int, limit time.Duration) Result {
-	vend := &vendorsim.Vendor{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -203,7 +203,7 @@ func run(addr string, a approach, rate, replicas, calls int, limit time.Duration
 	return measure(a.name, vend, rate, replicas, calls, start, took)
 }
 
-func measure(name string, vend *vendorsim.Vendor, rate, replicas, calls int, start time.Time, took time.Duration) Result {
+func measure(name string, vend *vendorsim.Mock, rate, replicas, calls int, start time.Time, took time.Duration) Result {
 	s := vend.Summarize()
 	res := Result{Approach: name, Rate: rate, Replicas: replicas, Calls: calls, Done: s.DistinctKeys,
 		RateLimited: s.RateLimited, MaxWindow: s.MaxPerWindow, Took: took}

@@ -61,7 +61,7 @@ func TestPerAccountVendor(t *testing.T) {
 	shop, _ := cfg.Vendor("shop")
 	adapt := shaper.Adapt{Decrease: 0.5}
 	want := queue.Vendor{
-		Vendor: vendorclients.Vendor{Name: "shop", BaseURL: "https://api.shop.example/stores/{account}",
+		Endpoint: vendorclients.Endpoint{Name: "shop", BaseURL: "https://api.shop.example/stores/{account}",
 			Timeout: vendorclients.DefaultTimeout, MaxRetryAfter: vendorclients.DefaultMaxRetryAfter},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 2, Window: time.Second}, {Rate: 100, Window: time.Minute}},
 			Burst: 2, Guard: 10 * time.Millisecond, MaxInFlight: 3, Adapt: adapt},
@@ -112,7 +112,7 @@ func TestWithoutPerAccount(t *testing.T) {
 	}
 	acme := cfg.Vendors[0]
 	want := queue.Vendor{
-		Vendor: vendorclients.Vendor{Name: "acme", BaseURL: "https://api.acme.example",
+		Endpoint: vendorclients.Endpoint{Name: "acme", BaseURL: "https://api.acme.example",
 			Timeout: vendorclients.DefaultTimeout, MaxRetryAfter: vendorclients.DefaultMaxRetryAfter},
 		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Burst: 1, Guard: shaper.DefaultGuard, MaxInFlight: 4},
 		QueueLimit: DefaultQueueLimit,

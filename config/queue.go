@@ -13,7 +13,7 @@ import (
 // secrets; WorkerConfig expands them.
 func (v Vendor) Queue() queue.Vendor {
 	qv := queue.Vendor{
-		Vendor: vendorclients.Vendor{Name: v.Name, BaseURL: v.BaseURL, Timeout: v.Timeout,
+		Endpoint: vendorclients.Endpoint{Name: v.Name, BaseURL: v.BaseURL, Timeout: v.Timeout,
 			MaxRetryAfter: v.MaxRetryAfter, Headers: v.Headers, UserAgent: v.UserAgent},
 		Policy:      v.Policy(),
 		PerAccount:  v.PerAccount,

@@ -35,11 +35,11 @@ func enqueueForAccounts(t *testing.T, c *Client, name string, accounts []string,
 
 // accountVendors serves /stores/<account>/... from one fixed-window vendor
 // per account, each enforcing perAccount calls per second.
-func accountVendors(t *testing.T, accounts []string, perAccount int) (string, map[string]*vendorsim.Vendor) {
+func accountVendors(t *testing.T, accounts []string, perAccount int) (string, map[string]*vendorsim.Mock) {
 	t.Helper()
-	vends := map[string]*vendorsim.Vendor{}
+	vends := map[string]*vendorsim.Mock{}
 	for _, a := range accounts {
-		vends[a] = &vendorsim.Vendor{Rate: perAccount, Window: time.Second, Phase: randomPhase(time.Second)}
+		vends[a] = &vendorsim.Mock{Rate: perAccount, Window: time.Second, Phase: randomPhase(time.Second)}
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest, ok := strings.CutPrefix(r.URL.Path, "/stores/")
@@ -59,7 +59,7 @@ func accountVendors(t *testing.T, accounts []string, perAccount int) (string, ma
 // shorter than its own: a request's timestamp here can lag its start by
 // more than the jitter the design leaves when the machine is busy (the
 // vendor runs in this race-instrumented process); a burst still fails it.
-func shortSliding(v *vendorsim.Vendor) int {
+func shortSliding(v *vendorsim.Mock) int {
 	var ts []time.Time
 	for _, r := range v.Requests() {
 		ts = append(ts, r.At)
@@ -78,7 +78,7 @@ func TestPerAccountBuckets(t *testing.T) {
 	accounts := []string{"store-a", "store-b", "store-c"}
 	base, vends := accountVendors(t, accounts, 5)
 	name := "shop-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: base, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}}, PerAccount: true})
 	c := e.newClient()
 	enqueueForAccounts(t, c, name, accounts, 20)
@@ -126,9 +126,9 @@ func TestPerAccountBuckets(t *testing.T) {
 func TestAccountsAreCheckedAtEnqueue(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	plain := e.vendor("plain", policy(5), 0, &vendorsim.Vendor{Rate: 5, Window: time.Second})
+	plain := e.vendor("plain", policy(5), 0, &vendorsim.Mock{Rate: 5, Window: time.Second})
 	shop := "shop-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: shop, BaseURL: "https://{account}.shop.example"},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: shop, BaseURL: "https://{account}.shop.example"},
 		Policy: policy(5), PerAccount: true})
 	c := e.newClient()
 	ctx := context.Background()
@@ -190,7 +190,7 @@ func backlogDelaysNoOther(t *testing.T, accounts, workers int, policy shaper.Pol
 	}
 	base, vends := accountVendors(t, append([]string{"big"}, small...), 5)
 	name := "iso-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: base, Timeout: 5 * time.Second},
 		Policy: policy, PerAccount: true})
 	c := e.newClient()
 	ctx := context.Background()
@@ -296,7 +296,7 @@ func TestRateLimitedPausesOnlyItsAccount(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	name := "paused-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/stores/{account}", Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: srv.URL + "/stores/{account}", Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, PerAccount: true})
 	c := e.newClient()
 	ctx := context.Background()
@@ -339,7 +339,7 @@ func TestAccountEditIsRespaced(t *testing.T) {
 	accounts := []string{"store-a", "store-b"}
 	base, vends := accountVendors(t, accounts, 100)
 	name := "shop-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: base, Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: base, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}, PerAccount: true})
 	c := e.newClient()
 	enqueueForAccounts(t, c, name, accounts, 150)

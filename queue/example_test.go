@@ -27,7 +27,7 @@ func Example() {
 	defer rdb.Close()
 
 	acme := queue.Vendor{
-		Vendor:     vendorclients.Vendor{Name: "acme", BaseURL: "https://api.acme.example/v1"},
+		Endpoint:   vendorclients.Endpoint{Name: "acme", BaseURL: "https://api.acme.example/v1"},
 		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}},
 		QueueLimit: 100_000,
 	}

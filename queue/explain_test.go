@@ -103,7 +103,7 @@ func TestEstimateStart(t *testing.T) {
 // unknown id, on a real queue.
 func TestExplain(t *testing.T) {
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	name := e.vendor("explain", shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
 	ctx := context.Background()

@@ -30,7 +30,7 @@ func TestFaultRetriesThrough5xxAndHangs(t *testing.T) {
 		began time.Time
 		hung  atomic.Int64
 	)
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	vend.Status = func(r *http.Request) int {
 		first.Do(func() { began = time.Now() })
 		if el := time.Since(began); el > 500*time.Millisecond && el < 1500*time.Millisecond {

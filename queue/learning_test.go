@@ -55,7 +55,7 @@ func learnsTheRealLimit(t *testing.T, adapt shaper.Adapt, learn, measure time.Du
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			vend := &vendorsim.Vendor{Rate: trueRate, Window: time.Second, Phase: randomPhase(time.Second),
+			vend := &vendorsim.Mock{Rate: trueRate, Window: time.Second, Phase: randomPhase(time.Second),
 				RetryAfter: sc.retryAfter, Headers: sc.headers}
 			name := e.vendor("learn", shaper.Policy{Limits: []shaper.Limit{{Rate: configured, Window: time.Second}}, Adapt: adapt}, 0, vend)
 			c := e.newClient()
@@ -108,7 +108,7 @@ func converges(t *testing.T, sc convergence, run time.Duration) (share float64, 
 	t.Helper()
 	const trueRate, configured = 30, 60
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Kind: sc.kind, Rate: trueRate, Window: time.Second, Phase: randomPhase(time.Second),
+	vend := &vendorsim.Mock{Kind: sc.kind, Rate: trueRate, Window: time.Second, Phase: randomPhase(time.Second),
 		RetryAfter: sc.retryAfter, Burst: 2}
 	name := e.vendor("conv", shaper.Policy{Limits: []shaper.Limit{{Rate: configured, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
@@ -168,7 +168,7 @@ func TestConvergesOnTheTrueLimit(t *testing.T) {
 func TestConfiguredBelowTheTrueLimit(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Kind: "sliding", Rate: 60, Window: time.Second}
+	vend := &vendorsim.Mock{Kind: "sliding", Rate: 60, Window: time.Second}
 	name := e.vendor("below", shaper.Policy{Limits: []shaper.Limit{{Rate: 30, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
 	enqueueN(t, c, name, 400)

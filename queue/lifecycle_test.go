@@ -29,7 +29,7 @@ func policy(rate int) shaper.Policy {
 // lock, and a vendor added by a reload got an empty handler map.)
 func TestHandleServesVendorsAddedByApply(t *testing.T) {
 	e := newEnv(t)
-	e.vendor("first", policy(50), 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
+	e.vendor("first", policy(50), 0, &vendorsim.Mock{Rate: 50, Window: time.Second})
 	var w *Worker
 	e.startWorker(func(x *Worker) { w = x })
 	got := make(chan string, 1)
@@ -49,7 +49,7 @@ func TestHandleServesVendorsAddedByApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	added := e.vendor("added", policy(50), 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
+	added := e.vendor("added", policy(50), 0, &vendorsim.Mock{Rate: 50, Window: time.Second})
 	notes, err := w.Apply(e.vendors)
 	if err != nil {
 		t.Fatal(err)
@@ -73,10 +73,10 @@ func TestHandleServesVendorsAddedByApply(t *testing.T) {
 // and while the worker runs.
 func TestApplyChecksEverythingFirst(t *testing.T) {
 	e := newEnv(t)
-	name := e.vendor("kept", policy(50), 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
+	name := e.vendor("kept", policy(50), 0, &vendorsim.Mock{Rate: 50, Window: time.Second})
 	changed := e.vendors[0]
 	changed.Policy = policy(10)
-	bad := Vendor{Vendor: vendorclients.Vendor{Name: "bad-" + e.prefix[5:], BaseURL: "ftp://nowhere"}, Policy: policy(5)}
+	bad := Vendor{Endpoint: vendorclients.Endpoint{Name: "bad-" + e.prefix[5:], BaseURL: "ftp://nowhere"}, Policy: policy(5)}
 	check := func(w *Worker, when string) {
 		t.Helper()
 		if _, err := w.Apply([]Vendor{changed, bad}); err == nil {
@@ -97,7 +97,7 @@ func TestApplyChecksEverythingFirst(t *testing.T) {
 // a second Run is refused.
 func TestApplyAfterRun(t *testing.T) {
 	e := newEnv(t)
-	e.vendor("gone", policy(50), 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
+	e.vendor("gone", policy(50), 0, &vendorsim.Mock{Rate: 50, Window: time.Second})
 	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestApplyAfterRun(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	added := append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: "late-" + e.prefix[5:], BaseURL: "http://127.0.0.1:1"}, Policy: policy(5)})
+	added := append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: "late-" + e.prefix[5:], BaseURL: "http://127.0.0.1:1"}, Policy: policy(5)})
 	if _, err := w.Apply(added); !errors.Is(err, ErrStopped) {
 		t.Errorf("Apply after Run returned: err = %v, want ErrStopped", err)
 	}
@@ -128,7 +128,7 @@ func TestApplyAfterRun(t *testing.T) {
 func TestLogSaysBacklogNotPause(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	vendor := &vendorsim.Vendor{Rate: 5, Window: time.Second}
+	vendor := &vendorsim.Mock{Rate: 5, Window: time.Second}
 	name := e.vendor("backlog", policy(5), 0, vendor)
 	logs := &logtest.Buffer{}
 	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: time.Second,
@@ -184,7 +184,7 @@ func TestProblemLogSaysItOnce(t *testing.T) {
 // vendorclients.ErrBadPath (a %v once lost the second).
 func TestEnqueueErrorsKeepTheirChain(t *testing.T) {
 	e := newEnv(t)
-	name := e.vendor("chain", policy(5), 0, &vendorsim.Vendor{Rate: 5, Window: time.Second})
+	name := e.vendor("chain", policy(5), 0, &vendorsim.Mock{Rate: 5, Window: time.Second})
 	_, err := e.newClient().Enqueue(context.Background(), Call{Vendor: name, Path: "/a/../../admin"})
 	if !errors.Is(err, ErrBadCall) || !errors.Is(err, vendorclients.ErrBadPath) {
 		t.Errorf("err = %v: want both ErrBadCall and vendorclients.ErrBadPath", err)
@@ -197,7 +197,7 @@ func TestEnqueueErrorsKeepTheirChain(t *testing.T) {
 // every state. It fails when asynq changes its key layout.
 func TestQueueStatsMatchesAsynq(t *testing.T) {
 	e := newEnv(t)
-	name := e.vendor("pinned", policy(5), 0, &vendorsim.Vendor{Rate: 5, Window: time.Second})
+	name := e.vendor("pinned", policy(5), 0, &vendorsim.Mock{Rate: 5, Window: time.Second})
 	c := e.newClient()
 	ctx := context.Background()
 	release := make(chan struct{})

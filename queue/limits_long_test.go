@@ -23,7 +23,7 @@ import (
 )
 
 // succeeded returns the 2xx requests of v, in the order they arrived.
-func succeeded(v *vendorsim.Vendor) []vendorsim.Request {
+func succeeded(v *vendorsim.Mock) []vendorsim.Request {
 	var out []vendorsim.Request
 	for _, r := range v.Requests() {
 		if r.Status < 300 {
@@ -52,7 +52,7 @@ func TestLongQuotaAtThePaceOfTheShortLimit(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel() // light: a minute of waiting, beside the others
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second),
+	vend := &vendorsim.Mock{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second),
 		More: []vendorsim.Fixed{{Rate: 300, Window: time.Minute, Phase: randomPhase(time.Minute)}}}
 	name := e.vendor("quota", shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}, {Rate: 300, Window: time.Minute}}}, 0, vend)
 	c := e.newClient()
@@ -117,7 +117,7 @@ func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second), CostHeader: "X-Cost"}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second), CostHeader: "X-Cost"}
 	name := e.vendor("units", shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
 	rng := rand.New(rand.NewPCG(18, 2))
@@ -178,7 +178,7 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 	for _, perAccount := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per_account=%v", perAccount), func(t *testing.T) {
 			e := newEnv(t)
-			vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
+			vend := &vendorsim.Mock{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
 			p := shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}
 			var name, account string
 			if perAccount {
@@ -186,7 +186,7 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 				t.Cleanup(srv.Close)
 				name = "lanes-" + e.prefix[5:]
 				account = "store-1"
-				e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/{account}", Timeout: 5 * time.Second},
+				e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: srv.URL + "/{account}", Timeout: 5 * time.Second},
 					Policy: p, PerAccount: true})
 			} else {
 				name = e.vendor("lanes", p, 0, vend)
@@ -271,7 +271,7 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 func TestSpentQuotaWaitsInTheQueue(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	name := e.vendor("spent", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}, {Rate: 5, Window: time.Minute}}}, 0, vend)
 	c := e.newClient()
 	enqueueN(t, c, name, 8)

@@ -60,7 +60,7 @@ func TestLongQueuedCallMemory(t *testing.T) {
 	}
 	plain := float64(allocated(t, rdb)-base) / n
 
-	vendor := Vendor{Vendor: vendorclients.Vendor{Name: "shop", BaseURL: "https://api.shop.example/stores/{account}"},
+	vendor := Vendor{Endpoint: vendorclients.Endpoint{Name: "shop", BaseURL: "https://api.shop.example/stores/{account}"},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 5, Window: time.Second}}}, PerAccount: true}
 	c := NewClient(rdb, ClientConfig{Vendors: []Vendor{vendor}})
 	t.Cleanup(func() { _ = c.Close() })

@@ -125,7 +125,7 @@ func strictSpacing(t *testing.T, guard time.Duration, strict bool) outcome {
 	ngx := nginxtest.Start(t, 100, 0)
 	e := newEnv(t)
 	name := "nginx-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: ngx.URL, Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: ngx.URL, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Guard: guard, StrictSpacing: strict}})
 	c := e.newClient()
 	const run = 20 * time.Second
@@ -194,7 +194,7 @@ func TestLongNetworkJitter(t *testing.T) {
 		t.Run(label, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			vend := &vendorsim.Vendor{Kind: kind, Rate: 100, Window: time.Second, Phase: randomPhase(time.Second)}
+			vend := &vendorsim.Mock{Kind: kind, Rate: 100, Window: time.Second, Phase: randomPhase(time.Second)}
 			name := e.vendor("jitter", shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Guard: sc.guard}, 0,
 				&vendorsim.Jitter{Next: vend, Max: 40 * time.Millisecond})
 			c := e.newClient()

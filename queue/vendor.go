@@ -10,11 +10,11 @@ import (
 )
 
 // Vendor is one vendor as the queue sees it: how to call it (the embedded
-// vendorclients.Vendor: name, base_url, headers, timeout), how to shape
+// vendorclients.Endpoint: name, base_url, headers, timeout), how to shape
 // its calls (Policy), and its queue. The client reads Name and
 // QueueLimit; the worker reads the rest.
 type Vendor struct {
-	vendorclients.Vendor
+	vendorclients.Endpoint
 	// Policy shapes the vendor's calls; with PerAccount, it shapes each
 	// account's calls on their own (Overrides replace it for some).
 	Policy shaper.Policy

@@ -242,7 +242,7 @@ func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
 	}
-	client, err := vendorclients.New(v.Vendor, bucket,
+	client, err := vendorclients.New(v.Endpoint, bucket,
 		vendorclients.Options{MaxWait: w.cfg.MaxWait, Base: w.cfg.Transport, Logger: w.log, Observer: w.cfg.Observer})
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)

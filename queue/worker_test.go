@@ -52,7 +52,7 @@ func (e *env) vendor(base string, p shaper.Policy, queueLimit int, h http.Handle
 	srv := httptest.NewServer(h)
 	e.t.Cleanup(srv.Close)
 	name := base + "-" + e.prefix[5:]
-	e.vendors = append(e.vendors, Vendor{Vendor: vendorclients.Vendor{Name: name, BaseURL: srv.URL + "/api", Timeout: 5 * time.Second},
+	e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: srv.URL + "/api", Timeout: 5 * time.Second},
 		Policy: p, QueueLimit: queueLimit})
 	return name
 }
@@ -152,7 +152,7 @@ func TestWorkersDrainAtTheRate(t *testing.T) {
 	e := newEnv(t)
 	lag := &tickLag{}
 	e.transport = lag
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second)}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second)}
 	p := shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}}
 	name := e.vendor("acme", p, 0, vend)
 	c := e.newClient()
@@ -205,7 +205,7 @@ func steadyUtilisation(ts []time.Time, iv time.Duration) float64 {
 // measures.
 func TestFIFO(t *testing.T) {
 	e := newEnv(t)
-	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 20, Window: time.Second}
 	name := e.vendor("fifo", shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
 	const n = 60
@@ -241,11 +241,11 @@ func abs(x int) int {
 func TestIsolation(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	slow := &vendorsim.Vendor{Rate: 1, Window: time.Minute}
-	fast := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	slow := &vendorsim.Mock{Rate: 1, Window: time.Minute}
+	fast := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	slowName := e.vendor("slow", shaper.Policy{Limits: []shaper.Limit{{Rate: 1, Window: time.Minute}}}, 0, slow)
 	fastName := e.vendor("fast", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}, 0, fast)
-	pausedName := e.vendor("paused", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}, 0, &vendorsim.Vendor{Rate: 50, Window: time.Second})
+	pausedName := e.vendor("paused", shaper.Policy{Limits: []shaper.Limit{{Rate: 50, Window: time.Second}}}, 0, &vendorsim.Mock{Rate: 50, Window: time.Second})
 	c := e.newClient()
 	gate := shaper.NewGate(e.rdb(), shaper.Config{KeyPrefix: e.prefix})
 	b, err := gate.Bucket(pausedName, e.vendors[2].Policy)
@@ -298,7 +298,7 @@ func TestRateLimitedPausesEveryReplica(t *testing.T) {
 	e := newEnv(t)
 	// The vendor really allows 20/s; shaper is told 40/s. Its 429s carry
 	// Retry-After, which pauses every replica.
-	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
+	vend := &vendorsim.Mock{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
 	name := e.vendor("liar", shaper.Policy{Limits: []shaper.Limit{{Rate: 40, Window: time.Second}}}, 0, vend)
 	c := e.newClient()
 	const n = 150
@@ -346,7 +346,7 @@ func TestStatusHandling(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	tries := map[string]int{}
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Status: func(r *http.Request) int {
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Status: func(r *http.Request) int {
 		mu.Lock()
 		defer mu.Unlock()
 		tries[r.URL.Path]++

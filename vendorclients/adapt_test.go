@@ -37,7 +37,7 @@ func TestOwnRedisPauseFailureIsLoggedAsSuch(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logtest.Buffer{}
-	c, err := New(Vendor{Name: "acme", BaseURL: vendor.URL}, bucket, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	c, err := New(Endpoint{Name: "acme", BaseURL: vendor.URL}, bucket, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

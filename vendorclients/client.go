@@ -39,13 +39,13 @@ type Options struct {
 // Client calls one vendor through its gate. It is safe for concurrent
 // use.
 type Client struct {
-	vendor    Vendor
+	vendor    Endpoint
 	base      *url.URL
 	transport *transport
 }
 
 // New returns a client of vendor v shaped by bucket.
-func New(v Vendor, bucket *shaper.Bucket, opts Options) (*Client, error) {
+func New(v Endpoint, bucket *shaper.Bucket, opts Options) (*Client, error) {
 	base, err := parseBase(v.BaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("vendorclients: vendor %s: %w", v.Name, err)
@@ -90,7 +90,7 @@ func (c *Client) ForAccount(account string, bucket *shaper.Bucket) (*Client, err
 }
 
 // Vendor returns the client's vendor, with defaults applied.
-func (c *Client) Vendor() Vendor { return c.vendor }
+func (c *Client) Vendor() Endpoint { return c.vendor }
 
 // SetBucket shapes the client's next requests by b (a new policy after a
 // config reload); requests already waiting keep theirs.

@@ -43,7 +43,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	acme, err := vendorclients.New(vendorclients.Vendor{Name: "acme", BaseURL: vendor.URL + "/v1"}, bucket,
+	acme, err := vendorclients.New(vendorclients.Endpoint{Name: "acme", BaseURL: vendor.URL + "/v1"}, bucket,
 		vendorclients.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		log.Fatal(err)

@@ -41,7 +41,7 @@ func TestQuotaCountedFromTheVendorsHeaders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := New(Vendor{Name: "gh", BaseURL: vendor.URL}, bucket, Options{})
+			c, err := New(Endpoint{Name: "gh", BaseURL: vendor.URL}, bucket, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,7 +19,7 @@ import (
 // bucket changes (a config reload).
 type transport struct {
 	base     http.RoundTripper
-	vendor   Vendor // with defaults
+	vendor   Endpoint // with defaults
 	maxWait  time.Duration
 	log      *slog.Logger
 	observer Observer // optional

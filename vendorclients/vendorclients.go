@@ -22,8 +22,8 @@ const (
 	DefaultUserAgent = "shaper"
 )
 
-// Vendor is what a client needs to know of a vendor.
-type Vendor struct {
+// Endpoint is what a client needs to know of a vendor.
+type Endpoint struct {
 	Name    string
 	BaseURL string
 	// Timeout bounds one call, from the moment it may start. Default 30s.
@@ -37,7 +37,7 @@ type Vendor struct {
 	UserAgent string
 }
 
-func (v Vendor) withDefaults() Vendor {
+func (v Endpoint) withDefaults() Endpoint {
 	if v.Timeout <= 0 {
 		v.Timeout = DefaultTimeout
 	}

@@ -132,7 +132,7 @@ func TestLongThreeWorkersAndAKill(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	addr := redistest.Addr(t)
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "e2e-" + redistest.Prefix(t)[5:]
@@ -244,7 +244,7 @@ not json
 
 func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	t.Parallel() // functional, not timed: runs beside the other light tests
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	cfg := writeConfig(t, "", "emb", srv.URL, 50)
@@ -282,7 +282,7 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	// last minute's count is an estimate from per-clock-minute counts: at
 	// most the total.
 	v := rep.Vendors
-	if len(v) != 1 || v[0].Vendor != "emb" || v[0].GrantedTotal < 20 || v[0].GrantedTotal > 20+v[0].GivenUpTotal ||
+	if len(v) != 1 || v[0].Name != "emb" || v[0].GrantedTotal < 20 || v[0].GrantedTotal > 20+v[0].GivenUpTotal ||
 		v[0].GrantedLastMinute > v[0].GrantedTotal || v[0].Queued != 0 || v[0].ConfiguredRate != 49.02 || v[0].ConfigRate != 50 {
 		t.Fatalf("stats: %+v", rep.Vendors)
 	}
@@ -314,7 +314,7 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 // across the edit; an invalid edit is logged and changes nothing.
 func TestLiveRateEdit(t *testing.T) {
 	addr := redistest.Addr(t)
-	vend := &vendorsim.Vendor{Rate: 1000, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 1000, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "live-" + redistest.Prefix(t)[5:]
@@ -393,7 +393,7 @@ func TestLiveRateEdit(t *testing.T) {
 }
 
 // requestTimes returns when the vendor saw each request, in order.
-func requestTimes(v *vendorsim.Vendor) []time.Time {
+func requestTimes(v *vendorsim.Mock) []time.Time {
 	var ts []time.Time
 	for _, r := range v.Requests() {
 		ts = append(ts, r.At)
@@ -473,7 +473,7 @@ func TestOwnRedisMetricsAndHealthz(t *testing.T) {
 	t.Parallel() // functional, not timed: runs beside the other light tests
 	// Its own Redis: the test kills it.
 	srvRedis := redistest.Start(t)
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	cfg := writeConfig(t, srvRedis.Addr, "metered", srv.URL, 100)

@@ -73,7 +73,7 @@ rate = 5
 func TestExplainEstimateOnABacklog(t *testing.T) {
 	t.Parallel()
 	p := "estim" + redistest.Prefix(t)[5:]
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	cfg := writeConfig(t, redistest.Addr(t), p, srv.URL, 10)

@@ -29,7 +29,7 @@ import (
 // `make faults` runs them all; `make test` runs the quick ones and
 // `make test-long` the TestLong ones.
 
-func reportFault(t *testing.T, vend *vendorsim.Vendor, n int) {
+func reportFault(t *testing.T, vend *vendorsim.Mock, n int) {
 	t.Helper()
 	s := vend.Summarize()
 	lost := n - s.DistinctKeys
@@ -61,7 +61,7 @@ func TestLongFaultVendor5xxBurstsAndHangs(t *testing.T) {
 	addr := redistest.Addr(t)
 	start := time.Now()
 	var hung atomic.Int64
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	vend.Status = func(r *http.Request) int {
 		if el := time.Since(start); el > 3*time.Second && el < 5*time.Second {
 			return http.StatusServiceUnavailable
@@ -96,7 +96,7 @@ func TestLongFaultRedisRestartWithAOF(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	rs := redistest.StartDurable(t)
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	cfg := writeConfig(t, rs.Addr, "aof", srv.URL, 50)
@@ -132,7 +132,7 @@ func TestLongFaultRedisRestartWithAOF(t *testing.T) {
 func TestFaultWorkerKilledLosesNothing(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "kill-" + redistest.Prefix(t)[5:]
@@ -284,7 +284,7 @@ func writeFile(t *testing.T, path, data string) {
 // over the limit.
 func TestFaultKilledWorkersCallsComeBack(t *testing.T) {
 	t.Parallel()
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "back-" + redistest.Prefix(t)[5:]

@@ -116,10 +116,10 @@ func TestLongMillionQueuedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	vend := &vendorsim.Vendor{Rate: 1000, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 1000, Window: time.Second}
 	hs := httptest.NewServer(vend)
 	defer hs.Close()
-	v := queue.Vendor{Vendor: vendorclients.Vendor{Name: "million", BaseURL: hs.URL},
+	v := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: "million", BaseURL: hs.URL},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 1000, Window: time.Second}}}}
 	c := queue.NewClient(rdb, queue.ClientConfig{Vendors: []queue.Vendor{v}})
 	defer c.Close()

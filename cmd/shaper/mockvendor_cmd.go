@@ -38,7 +38,7 @@ requests in any of its windows.`,
 			if rate < 1 || window <= 0 {
 				return errors.New("--rate must be at least 1 and --window positive")
 			}
-			v := &vendorsim.Vendor{Kind: kind, Rate: rate, Window: window, Burst: burst, RetryAfter: retryAfter, Headers: headers}
+			v := &vendorsim.Mock{Kind: kind, Rate: rate, Window: window, Burst: burst, RetryAfter: retryAfter, Headers: headers}
 			switch kind {
 			case "fixed", "sliding", "gcra":
 			default:

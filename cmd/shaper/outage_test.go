@@ -51,7 +51,7 @@ func TestLongFaultRedisOutage(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	rs := redistest.StartDurable(t)
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	cfg := writeConfig(t, rs.Addr, "outage", srv.URL, 50)

@@ -58,7 +58,7 @@ func TestLongFaultSentinelFailover(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel() // waits out faults; runs beside the other fault scenarios
 	s := redistest.StartSentinels(t)
-	vend := &vendorsim.Vendor{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	const vendor, n = "failover", 1500

@@ -84,7 +84,7 @@ func TestLongFaultSoakFailover(t *testing.T) {
 func soak(t *testing.T, f soakFault) {
 	t.Helper()
 	const n, rate, lowered = 3000, 100, 60
-	vend := &vendorsim.Vendor{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
+	vend := &vendorsim.Mock{Rate: rate, Window: time.Second, Phase: time.Duration(rand.Int64N(int64(time.Second)))}
 	srv := httptest.NewServer(vend)
 	defer srv.Close()
 	vendor := "soak" + redistest.Prefix(t)[5:]

@@ -22,7 +22,7 @@ import (
 // The stats types are report's (the shape of --json).
 type (
 	StatsReport    = report.Report
-	VendorStats    = report.Vendor
+	VendorStats    = report.VendorState
 	TotalStats     = report.TotalStats
 	AccountStats   = report.AccountBacklog
 	AccountDetails = report.AccountDetails
@@ -120,7 +120,7 @@ func printStats(w io.Writer, rep StatsReport, legend bool) {
 		if next >= time.Second {
 			next = next.Round(100 * time.Millisecond)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", v.Vendor,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", v.Name,
 			report.PerWindow(v.EffectiveRate, window), report.PerWindow(float64(v.ConfigRate), window), v.Queued, v.InFlight, v.Requeued,
 			v.GrantedLastMinute, v.RateLimitedLastMinute, next,
 			seconds(v.OldestQueuedSeconds, time.Second), paused)
@@ -129,7 +129,7 @@ func printStats(w io.Writer, rep StatsReport, legend bool) {
 	for _, v := range rep.Vendors {
 		fmt.Fprintln(w)
 		for _, line := range vendorNotes(v) {
-			printWrapped(w, v.Vendor+": ", line, "    ")
+			printWrapped(w, v.Name+": ", line, "    ")
 		}
 	}
 	if legend {

@@ -16,7 +16,7 @@ func statsSample() StatsReport {
 	n := int64(3)
 	share := 13.07
 	return StatsReport{Vendors: []VendorStats{
-		{Vendor: "logistics-eu-prod", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.5, Window: "1s",
+		{Name: "logistics-eu-prod", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.5, Window: "1s",
 			RateSource: "learned", Source: "learned",
 			RateReason:   "429 without rate-limit headers at 20.0/s: the largest consistent limit is 19.8/s; probing halfway to it after 3 windows",
 			GuardSeconds: 0.045, ConfigGuardSeconds: 0.02, GuardReason: "measured: calls start within 3.2ms of their tick (tolerance), round trips spread 1.1ms",
@@ -25,9 +25,9 @@ func statsSample() StatsReport {
 			PauseReason: "HTTP 429, Retry-After: 12", NextTickSeconds: 12.345, OldestQueuedSeconds: 3725,
 			ReplicaRates: []float64{9.8, 19.61}, QueuedHigh: 7,
 			Quotas: []QuotaStats{{Limit: "5000 per 24h", Rate: 5000, Window: "24h", Used: 4990, Left: 10, NextCallSeconds: 0}}},
-		{Vendor: "acme", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.61, Window: "1s", Source: "configured",
+		{Name: "acme", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.61, Window: "1s", Source: "configured",
 			GuardSeconds: 0.02, ConfigGuardSeconds: 0.02, GrantedLastMinute: 340, GrantedTotal: 400},
-		{Vendor: "shop", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.61, Window: "1s", Source: "configured",
+		{Name: "shop", ConfigRate: 20, ConfiguredRate: 19.61, EffectiveRate: 19.61, Window: "1s", Source: "configured",
 			GuardSeconds: 0.02, ConfigGuardSeconds: 0.02, AccountsWithBacklog: &n,
 			TopAccounts: []AccountStats{{Account: "store-9", BacklogSeconds: 95}, {Account: "store-1", BacklogSeconds: 3}},
 			Total:       &TotalStats{Rate: 40, Window: "1s", EffectiveRate: 39.22, Limits: []string{"100000 per 24h"}},

@@ -50,7 +50,7 @@ func TestOwnRedisTLSAndLeastPrivilegeACL(t *testing.T) {
 		t.Fatalf("%v: %v", setuser, err)
 	}
 
-	vend := &vendorsim.Vendor{Rate: 50, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 50, Window: time.Second}
 	hs := httptest.NewServer(vend)
 	defer hs.Close()
 	cfg := filepath.Join(t.TempDir(), "config.toml")

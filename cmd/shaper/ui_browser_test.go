@@ -60,7 +60,7 @@ func TestPageInBrowser(t *testing.T) {
 	t.Parallel() // its figures are logged, not asserted: it runs beside the other light tests
 	chrome := chromium(t)
 	p := "page" + redistest.Prefix(t)[5:]
-	vend := &vendorsim.Vendor{Rate: 20, Window: time.Second}
+	vend := &vendorsim.Mock{Rate: 20, Window: time.Second}
 	var refuse atomic.Int32 // answers left to refuse with a 429
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if refuse.Add(-1) >= 0 {

@@ -185,7 +185,7 @@ func (p *pageSource) Report(ctx context.Context) (report.Report, error) {
 	return report.Collect(ctx, p.cfg, p.gate, p.client, pageTopAccounts, "")
 }
 
-func (p *pageSource) Vendor(ctx context.Context, vendor, account string) (report.Vendor, error) {
+func (p *pageSource) Vendor(ctx context.Context, vendor, account string) (report.VendorState, error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	for _, v := range p.cfg.Vendors {
@@ -193,7 +193,7 @@ func (p *pageSource) Vendor(ctx context.Context, vendor, account string) (report
 			return report.VendorReport(ctx, v, p.gate, p.client, pageTopAccounts, account)
 		}
 	}
-	return report.Vendor{}, fmt.Errorf("%w %q: configured vendors are %v", queue.ErrUnknownVendor, vendor, p.cfg.VendorNames())
+	return report.VendorState{}, fmt.Errorf("%w %q: configured vendors are %v", queue.ErrUnknownVendor, vendor, p.cfg.VendorNames())
 }
 
 func (p *pageSource) Explain(ctx context.Context, id string) (queue.Explanation, error) {

@@ -83,8 +83,8 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	}
 	defer mr.Close()
 	phase := time.Duration(rand.Int64N(int64(o.Window)))
-	shapedV := &vendorsim.Vendor{Rate: o.Rate, Window: o.Window, Phase: phase}
-	naiveV := &vendorsim.Vendor{Rate: o.Rate, Window: o.Window, Phase: phase}
+	shapedV := &vendorsim.Mock{Rate: o.Rate, Window: o.Window, Phase: phase}
+	naiveV := &vendorsim.Mock{Rate: o.Rate, Window: o.Window, Phase: phase}
 	shapedSrv, naiveSrv := httptest.NewServer(shapedV), httptest.NewServer(naiveV)
 	defer shapedSrv.Close()
 	defer naiveSrv.Close()
@@ -107,7 +107,7 @@ func Run(ctx context.Context, out io.Writer, o Options) ([]Verdict, error) {
 	policy := shaper.Policy{Limits: []shaper.Limit{{Rate: o.Rate, Window: o.Window}}}
 
 	// shaper: three workers on vendor "shaped".
-	shaped := queue.Vendor{Vendor: vendorclients.Vendor{Name: "shaped", BaseURL: shapedSrv.URL}, Policy: policy}
+	shaped := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: "shaped", BaseURL: shapedSrv.URL}, Policy: policy}
 	qc := queue.NewClient(client(), queue.ClientConfig{Vendors: []queue.Vendor{shaped}})
 	defer qc.Close()
 	calls := make([]queue.Call, o.Calls)
@@ -206,7 +206,7 @@ func stopWhy(o Options, el, shapedDone, naiveDone time.Duration, naive vendorsim
 	return ""
 }
 
-func verdict(name string, v *vendorsim.Vendor, o Options, took, elapsed time.Duration) Verdict {
+func verdict(name string, v *vendorsim.Mock, o Options, took, elapsed time.Duration) Verdict {
 	s := v.Summarize()
 	var ok []time.Time
 	for _, r := range v.Requests() {

@@ -15,10 +15,10 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// Vendor is one vendor in `shaper stats --json`. The shape is stable:
+// VendorState is one vendor in `shaper stats --json`. The shape is stable:
 // fields are only ever added.
-type Vendor struct {
-	Vendor string `json:"vendor"`
+type VendorState struct {
+	Name string `json:"vendor"`
 	// ConfigRate is the rate key as the config has it (calls per
 	// Window); ConfiguredRate is what the gate grants at most from it,
 	// after burst and guard (GuardSeconds); EffectiveRate what it grants
@@ -140,8 +140,8 @@ type AccountDetails struct {
 
 // Report is the whole of `shaper stats --json`.
 type Report struct {
-	At      time.Time `json:"at"`
-	Vendors []Vendor  `json:"vendors"`
+	At      time.Time     `json:"at"`
+	Vendors []VendorState `json:"vendors"`
 }
 
 // QuotaStats is one quota of a bucket: its use of the last window (on the
@@ -170,7 +170,7 @@ func quotaStats(use []shaper.LimitUse) []QuotaStats {
 
 // Collect reads every vendor of cfg (see VendorReport).
 func Collect(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queue.Client, topN int, account string) (Report, error) {
-	rep := Report{At: time.Now().UTC(), Vendors: []Vendor{}}
+	rep := Report{At: time.Now().UTC(), Vendors: []VendorState{}}
 	for _, v := range cfg.Vendors {
 		vs, err := VendorReport(ctx, v, gate, c, topN, account)
 		if err != nil {
@@ -184,21 +184,21 @@ func Collect(ctx context.Context, cfg *config.Config, gate *shaper.Gate, c *queu
 // VendorReport reads vendor v: its gate's state, its queue and, for a
 // per-account vendor, its total, the topN accounts with the longest
 // backlog and account's own figures (account "": none).
-func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *queue.Client, topN int, account string) (Vendor, error) {
+func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *queue.Client, topN int, account string) (VendorState, error) {
 	b, err := gate.Bucket(v.Name, v.Policy())
 	if err != nil {
-		return Vendor{}, err
+		return VendorState{}, err
 	}
 	st, err := b.Stats(ctx)
 	if err != nil {
-		return Vendor{}, err
+		return VendorState{}, err
 	}
 	qs, err := c.QueueStats(ctx, v.Name)
 	if err != nil {
-		return Vendor{}, err
+		return VendorState{}, err
 	}
-	vs := Vendor{
-		Vendor: v.Name, ConfigRate: v.Rate, ConfiguredRate: Round2(st.ConfiguredRate), EffectiveRate: Round2(st.EffectiveRate),
+	vs := VendorState{
+		Name: v.Name, ConfigRate: v.Rate, ConfiguredRate: Round2(st.ConfiguredRate), EffectiveRate: Round2(st.EffectiveRate),
 		Window: durations.Format(v.Window), RateSource: st.RateSource, RateReason: st.RateReason,
 		Source: st.Source, GuardSeconds: st.Guard.Seconds(), ConfigGuardSeconds: v.Guard.Seconds(), GuardMeasured: v.GuardMeasured,
 		GuardReason: st.GuardReason, WarmingForSeconds: Round2(st.WarmingFor.Seconds()),
@@ -228,7 +228,7 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 	}
 	if v.PerAccount {
 		if err := accounts(ctx, gate, v, &vs, topN, account); err != nil {
-			return Vendor{}, err
+			return VendorState{}, err
 		}
 	}
 	return vs, nil
@@ -248,7 +248,7 @@ func Round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
 // accounts fills the per-account figures of vendor v: its total, the
 // accounts with a backlog and the --account detail.
-func accounts(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *Vendor, topN int, account string) error {
+func accounts(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *VendorState, topN int, account string) error {
 	total := v.TotalPolicy()
 	grp, err := gate.Group(v.Name, total)
 	if err != nil {

@@ -45,7 +45,7 @@ func newHistory(keep, keepPauses int) *history {
 }
 
 // add records v, read at its RedisTime.
-func (h *history) add(v report.Vendor) {
+func (h *history) add(v report.VendorState) {
 	rate, limit := chartRates(v)
 	s := sample{at: v.RedisTime, granted: v.GrantedTotal, limited: v.RateLimitedTotal,
 		rate: rate, limit: limit, queued: v.Queued, inFlight: v.InFlight}
@@ -61,7 +61,7 @@ func (h *history) add(v report.Vendor) {
 
 // notePause puts the vendor's latest pause on the timeline: a new end is
 // a new pause, or the extension of the last one while it lasts.
-func (h *history) notePause(v report.Vendor) {
+func (h *history) notePause(v report.VendorState) {
 	if v.LastPauseUntil == "" {
 		return
 	}
@@ -155,7 +155,7 @@ func startedRate(samples []sample, span time.Duration) float64 {
 // the calls v started, in calls per second: the vendor's, or for a
 // per-account vendor (whose calls the chart counts over all accounts)
 // its total's, or none (0) when it has no total.
-func chartRates(v report.Vendor) (rate, limit float64) {
+func chartRates(v report.VendorState) (rate, limit float64) {
 	if v.AccountsWithBacklog == nil {
 		w := windowOf(v).Seconds()
 		return v.EffectiveRate / w, float64(v.ConfigRate) / w
@@ -169,7 +169,7 @@ func chartRates(v report.Vendor) (rate, limit float64) {
 }
 
 // windowOf is v's primary window (1 s if it cannot be read).
-func windowOf(v report.Vendor) time.Duration {
+func windowOf(v report.VendorState) time.Duration {
 	if w, err := time.ParseDuration(v.Window); err == nil && w > 0 {
 		return w
 	}

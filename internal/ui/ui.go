@@ -38,8 +38,8 @@ type Source interface {
 	// Report reads every configured vendor (no account's own figures).
 	Report(ctx context.Context) (report.Report, error)
 	// Vendor reads one vendor, with account's own figures when account
-	// is not "" (report.Vendor.Account).
-	Vendor(ctx context.Context, vendor, account string) (report.Vendor, error)
+	// is not "" (report.VendorState.Account).
+	Vendor(ctx context.Context, vendor, account string) (report.VendorState, error)
 	// Explain says what task id waits for.
 	Explain(ctx context.Context, id string) (queue.Explanation, error)
 }
@@ -139,11 +139,11 @@ func (s *Server) sample(ctx context.Context) error {
 	s.latest = rep
 	seen := make(map[string]bool, len(rep.Vendors))
 	for _, v := range rep.Vendors {
-		seen[v.Vendor] = true
-		h := s.hist[v.Vendor]
+		seen[v.Name] = true
+		h := s.hist[v.Name]
 		if h == nil {
 			h = newHistory(s.o.Keep, s.o.KeepPauses)
-			s.hist[v.Vendor] = h
+			s.hist[v.Name] = h
 		}
 		h.add(v)
 	}
@@ -159,7 +159,7 @@ func (s *Server) sample(ctx context.Context) error {
 // started per second over the last 5 s, the rate and limit the chart
 // draws (see chartRates), the chart and the pauses.
 type VendorState struct {
-	report.Vendor
+	report.VendorState
 	StartedPerSecond float64 `json:"started_per_second"`
 	RatePerSecond    float64 `json:"rate_per_second"`
 	LimitPerSecond   float64 `json:"limit_per_second"`
@@ -189,14 +189,14 @@ func (s *Server) state(only string) (State, bool) {
 	}
 	found := only == ""
 	for _, v := range s.latest.Vendors {
-		if only != "" && v.Vendor != only {
+		if only != "" && v.Name != only {
 			continue
 		}
 		found = true
-		vs := VendorState{Vendor: v}
+		vs := VendorState{VendorState: v}
 		rate, limit := chartRates(v)
 		vs.RatePerSecond, vs.LimitPerSecond = report.Round2(rate), report.Round2(limit)
-		if h := s.hist[v.Vendor]; h != nil {
+		if h := s.hist[v.Name]; h != nil {
 			samples := h.ordered()
 			vs.Series = series(samples)
 			vs.StartedPerSecond = report.Round2(startedRate(samples, startedSpan))
@@ -230,7 +230,7 @@ func (s *Server) Handler() http.Handler {
 // pageData is what page.html renders: the vendors' latest report, so the
 // numbers are there before the script runs.
 type pageData struct {
-	Vendors []report.Vendor
+	Vendors []report.VendorState
 	Only    string
 	Base    string // the way back to the page's root: "" or "../"
 	Asynq   bool
@@ -256,7 +256,7 @@ func (s *Server) servePage(w http.ResponseWriter, r *http.Request) {
 		d.Error = lastErr.Error()
 	}
 	for _, v := range rep.Vendors {
-		if only == "" || v.Vendor == only {
+		if only == "" || v.Name == only {
 			d.Vendors = append(d.Vendors, v)
 		}
 	}
@@ -290,7 +290,7 @@ func (s *Server) serveAccount(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if v.Account == nil {
-		httpError(w, http.StatusNotFound, fmt.Sprintf("vendor %q is not per-account: it has no accounts", v.Vendor))
+		httpError(w, http.StatusNotFound, fmt.Sprintf("vendor %q is not per-account: it has no accounts", v.Name))
 		return
 	}
 	writeJSON(w, v)
@@ -392,7 +392,7 @@ func isLoopback(host string) bool {
 func names(rep report.Report) string {
 	var out []string
 	for _, v := range rep.Vendors {
-		out = append(out, v.Vendor)
+		out = append(out, v.Name)
 	}
 	sort.Strings(out)
 	if len(out) == 0 {
@@ -412,7 +412,7 @@ func perWindow(rate float64, w string) string {
 }
 
 // limitText is v's limit as the config has it: "5/s", "3/s each account".
-func limitText(v report.Vendor) string {
+func limitText(v report.VendorState) string {
 	s := perWindow(float64(v.ConfigRate), v.Window)
 	if v.AccountsWithBacklog != nil {
 		s += " each account"

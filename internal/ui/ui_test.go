@@ -17,8 +17,8 @@ import (
 )
 
 // vendorAt is vendor name read at t with granted ticks so far.
-func vendorAt(name string, t time.Time, granted int64) report.Vendor {
-	return report.Vendor{Vendor: name, ConfigRate: 10, EffectiveRate: 9.8, Window: "1s", GrantedTotal: granted, RedisTime: t}
+func vendorAt(name string, t time.Time, granted int64) report.VendorState {
+	return report.VendorState{Name: name, ConfigRate: 10, EffectiveRate: 9.8, Window: "1s", GrantedTotal: granted, RedisTime: t}
 }
 
 // TestHistory drives the history through simulated samples: the chart is
@@ -66,7 +66,7 @@ func TestHistory(t *testing.T) {
 // started is not shown; the timeline keeps its size.
 func TestPauseTimeline(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
-	at := func(d time.Duration, until time.Duration, reason string) report.Vendor {
+	at := func(d time.Duration, until time.Duration, reason string) report.VendorState {
 		v := vendorAt("a", t0.Add(d), 0)
 		v.LastPauseUntil, v.LastPauseReason = t0.Add(until).Format(time.RFC3339Nano), reason
 		return v
@@ -100,16 +100,16 @@ type source struct {
 
 func (s *source) Report(context.Context) (report.Report, error) { return s.rep, s.err }
 
-func (s *source) Vendor(_ context.Context, vendor, account string) (report.Vendor, error) {
+func (s *source) Vendor(_ context.Context, vendor, account string) (report.VendorState, error) {
 	for _, v := range s.rep.Vendors {
-		if v.Vendor == vendor {
+		if v.Name == vendor {
 			if err := queue.CheckAccount(account); err != nil {
-				return report.Vendor{}, err
+				return report.VendorState{}, err
 			}
 			return v, nil
 		}
 	}
-	return report.Vendor{}, fmt.Errorf("%w %q", queue.ErrUnknownVendor, vendor)
+	return report.VendorState{}, fmt.Errorf("%w %q", queue.ErrUnknownVendor, vendor)
 }
 
 func (s *source) Explain(_ context.Context, id string) (queue.Explanation, error) {
@@ -139,7 +139,7 @@ func TestHandler(t *testing.T) {
 	shop := vendorAt("shop", now, 0)
 	n := int64(0)
 	shop.AccountsWithBacklog = &n
-	src := &source{rep: report.Report{At: now, Vendors: []report.Vendor{vendorAt("acme", now, 0), vendorAt("crm<x>", now, 0), shop}}}
+	src := &source{rep: report.Report{At: now, Vendors: []report.VendorState{vendorAt("acme", now, 0), vendorAt("crm<x>", now, 0), shop}}}
 	s, err := New(Options{Source: src})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestHandler(t *testing.T) {
 // a wrong one gets 401 saying how.
 func TestToken(t *testing.T) {
 	now := time.Now()
-	s, err := New(Options{Source: &source{rep: report.Report{At: now, Vendors: []report.Vendor{vendorAt("acme", now, 0)}}},
+	s, err := New(Options{Source: &source{rep: report.Report{At: now, Vendors: []report.VendorState{vendorAt("acme", now, 0)}}},
 		Token: "s3cret", Asynq: http.NotFoundHandler()})
 	if err != nil {
 		t.Fatal(err)

@@ -34,9 +34,9 @@ type Request struct {
 	Units  int // its cost ("fixed" kind; 0 elsewhere, meaning 1)
 }
 
-// Vendor is an http.Handler enforcing a rate limit of the given Kind. Set
+// Mock is an http.Handler enforcing a rate limit of the given Kind. Set
 // its fields before the first request and leave them alone after.
-type Vendor struct {
+type Mock struct {
 	// Kind is "fixed" (the default, also ""), "sliding" or "gcra"; see the
 	// package doc. Any other value answers every request with 500.
 	Kind   string
@@ -96,7 +96,7 @@ type Fixed struct {
 }
 
 // clock returns the time now.
-func (v *Vendor) clock() time.Time {
+func (v *Mock) clock() time.Time {
 	if v.now != nil {
 		return v.now()
 	}
@@ -106,7 +106,7 @@ func (v *Vendor) clock() time.Time {
 // ServeHTTP counts the request against the limit, records it and answers
 // 429 when it is over the limit, else Status (default 200) with a small
 // JSON body.
-func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (v *Mock) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch v.Kind {
 	case "", "fixed":
 		v.serveFixed(w, r)
@@ -122,12 +122,12 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // record appends a request to the record; v.mu must be held.
-func (v *Vendor) record(at time.Time, r *http.Request, status int) {
+func (v *Mock) record(at time.Time, r *http.Request, status int) {
 	v.requests = append(v.requests, Request{At: at, Method: r.Method, Path: r.URL.RequestURI(), Key: r.Header.Get("Idempotency-Key"), Status: status})
 }
 
 // serveFixed serves a request under the "fixed" kind.
-func (v *Vendor) serveFixed(w http.ResponseWriter, r *http.Request) {
+func (v *Mock) serveFixed(w http.ResponseWriter, r *http.Request) {
 	now := v.clock()
 	k := (now.UnixNano() - int64(v.Phase)) / int64(v.Window)
 	units := 1
@@ -191,7 +191,7 @@ func (v *Vendor) serveFixed(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveQueued serves a request under the "sliding" and "gcra" kinds.
-func (v *Vendor) serveQueued(w http.ResponseWriter, r *http.Request) {
+func (v *Mock) serveQueued(w http.ResponseWriter, r *http.Request) {
 	now := v.clock()
 	v.mu.Lock()
 	var admitted bool
@@ -229,7 +229,7 @@ func (v *Vendor) serveQueued(w http.ResponseWriter, r *http.Request) {
 }
 
 // answer answers an admitted request.
-func (v *Vendor) answer(w http.ResponseWriter, r *http.Request, status int) {
+func (v *Mock) answer(w http.ResponseWriter, r *http.Request, status int) {
 	if v.Delay > 0 {
 		time.Sleep(v.Delay)
 	}
@@ -241,7 +241,7 @@ func (v *Vendor) answer(w http.ResponseWriter, r *http.Request, status int) {
 // admitted when fewer than Rate admitted requests lie in (now-Window, now].
 // A rejected request gets the time at which the next one would be
 // admitted. v.mu must be held. With Rate 0 or less nothing is admitted.
-func (v *Vendor) admitSliding(now time.Time) (bool, time.Time) {
+func (v *Mock) admitSliding(now time.Time) (bool, time.Time) {
 	if v.Rate <= 0 {
 		return false, now.Add(v.Window)
 	}
@@ -264,7 +264,7 @@ func (v *Vendor) admitSliding(now time.Time) (bool, time.Time) {
 // TAT becomes max(TAT, now)+T. A rejected request leaves TAT alone and gets
 // TAT-tau, the time at which the next one would be admitted. v.mu must be
 // held. With Rate 0 or less nothing is admitted.
-func (v *Vendor) admitGCRA(now time.Time) (bool, time.Time) {
+func (v *Mock) admitGCRA(now time.Time) (bool, time.Time) {
 	if v.Rate <= 0 {
 		return false, now.Add(v.Window)
 	}
@@ -297,7 +297,7 @@ func ceilSecond(t time.Time) time.Time {
 }
 
 // Requests returns a copy of every request seen.
-func (v *Vendor) Requests() []Request {
+func (v *Mock) Requests() []Request {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]Request(nil), v.requests...)
@@ -314,7 +314,7 @@ type Summary struct {
 }
 
 // Summarize counts the requests seen so far.
-func (v *Vendor) Summarize() Summary {
+func (v *Mock) Summarize() Summary {
 	reqs := v.Requests()
 	var s Summary
 	s.Requests = len(reqs)

@@ -43,7 +43,7 @@ type step struct {
 }
 
 // run sends the steps to v at their times and checks the answers.
-func run(t *testing.T, v *Vendor, steps []step) {
+func run(t *testing.T, v *Mock, steps []step) {
 	t.Helper()
 	clk := &fakeClock{t: base}
 	v.now = clk.Now
@@ -80,10 +80,10 @@ const (
 func TestKinds(t *testing.T) {
 	tests := []struct {
 		name   string
-		vendor *Vendor
+		vendor *Mock
 		steps  []step
 	}{
-		{"fixed counts per window at Phase", &Vendor{Rate: 2, Window: sec}, []step{
+		{"fixed counts per window at Phase", &Mock{Rate: 2, Window: sec}, []step{
 			{0, ok, ""},
 			{100 * ms, ok, ""},
 			{200 * ms, limited, "1"}, // the window ends at +750 ms
@@ -92,12 +92,12 @@ func TestKinds(t *testing.T) {
 			{760 * ms, ok, ""},
 			{770 * ms, limited, "1"},
 		}},
-		{"fixed with a phase", &Vendor{Rate: 1, Window: sec, Phase: 500 * ms}, []step{
+		{"fixed with a phase", &Mock{Rate: 1, Window: sec, Phase: 500 * ms}, []step{
 			{0, ok, ""},
 			{200 * ms, limited, "1"},
 			{250 * ms, ok, ""}, // a window starts at base+250ms = x.500
 		}},
-		{"gcra at 100/s admits every 10 ms", &Vendor{Kind: "gcra", Rate: 100, Window: sec}, []step{
+		{"gcra at 100/s admits every 10 ms", &Mock{Kind: "gcra", Rate: 100, Window: sec}, []step{
 			{0, ok, ""},
 			{9 * ms, limited, "1"},
 			{10 * ms, ok, ""},
@@ -107,7 +107,7 @@ func TestKinds(t *testing.T) {
 			{101 * ms, limited, "1"},
 			{110 * ms, ok, ""},
 		}},
-		{"gcra burst", &Vendor{Kind: "gcra", Rate: 100, Window: sec, Burst: 3}, []step{
+		{"gcra burst", &Mock{Kind: "gcra", Rate: 100, Window: sec, Burst: 3}, []step{
 			{0, ok, ""},
 			{0, ok, ""},
 			{0, ok, ""},
@@ -122,7 +122,7 @@ func TestKinds(t *testing.T) {
 			{1000 * ms, ok, ""},
 			{1000 * ms, limited, "1"},
 		}},
-		{"gcra rejections leave TAT alone", &Vendor{Kind: "gcra", Rate: 2, Window: time.Minute}, []step{
+		{"gcra rejections leave TAT alone", &Mock{Kind: "gcra", Rate: 2, Window: time.Minute}, []step{
 			{0, ok, ""},
 			{1 * sec, limited, "29"},
 			{500 * ms, limited, "30"}, // 29.5 s rounds up
@@ -131,7 +131,7 @@ func TestKinds(t *testing.T) {
 			{30 * sec, ok, ""},
 			{31 * sec, limited, "29"},
 		}},
-		{"sliding admits Rate per window", &Vendor{Kind: "sliding", Rate: 3, Window: sec}, []step{
+		{"sliding admits Rate per window", &Mock{Kind: "sliding", Rate: 3, Window: sec}, []step{
 			{0, ok, ""},
 			{100 * ms, ok, ""},
 			{200 * ms, ok, ""},
@@ -145,7 +145,7 @@ func TestKinds(t *testing.T) {
 			{1300 * ms, limited, "1"},
 			{2000 * ms, ok, ""},
 		}},
-		{"sliding rejections do not count", &Vendor{Kind: "sliding", Rate: 1, Window: time.Minute}, []step{
+		{"sliding rejections do not count", &Mock{Kind: "sliding", Rate: 1, Window: time.Minute}, []step{
 			{0, ok, ""},
 			{10 * sec, limited, "50"},
 			{20 * sec, limited, "40"},
@@ -153,12 +153,12 @@ func TestKinds(t *testing.T) {
 			{60 * sec, ok, ""},
 			{61 * sec, limited, "59"},
 		}},
-		{"sliding date", &Vendor{Kind: "sliding", Rate: 1, Window: time.Minute, RetryAfter: "date"}, []step{
+		{"sliding date", &Mock{Kind: "sliding", Rate: 1, Window: time.Minute, RetryAfter: "date"}, []step{
 			{0, ok, ""},
 			// next admission at base+60s = ...060.25, rounded up to ...061
 			{10 * sec, limited, time.Unix(1_700_000_061, 0).UTC().Format(httpDate)},
 		}},
-		{"gcra date", &Vendor{Kind: "gcra", Rate: 4, Window: sec, RetryAfter: "date"}, []step{
+		{"gcra date", &Mock{Kind: "gcra", Rate: 4, Window: sec, RetryAfter: "date"}, []step{
 			{0, ok, ""},
 			// next admission at base+250ms = ...000.5, rounded up to ...001
 			{0, limited, time.Unix(1_700_000_001, 0).UTC().Format(httpDate)},
@@ -166,14 +166,14 @@ func TestKinds(t *testing.T) {
 			// next admission at base+1s = ...001.25, rounded up to ...002
 			{760 * ms, limited, time.Unix(1_700_000_002, 0).UTC().Format(httpDate)},
 		}},
-		{"gcra none", &Vendor{Kind: "gcra", Rate: 1, Window: sec, RetryAfter: "none"}, []step{
+		{"gcra none", &Mock{Kind: "gcra", Rate: 1, Window: sec, RetryAfter: "none"}, []step{
 			{0, ok, ""},
 			{0, limited, ""},
 		}},
-		{"sliding with no rate admits nothing", &Vendor{Kind: "sliding", Window: sec}, []step{
+		{"sliding with no rate admits nothing", &Mock{Kind: "sliding", Window: sec}, []step{
 			{0, limited, "1"},
 		}},
-		{"gcra with no rate admits nothing", &Vendor{Kind: "gcra", Window: 2 * sec}, []step{
+		{"gcra with no rate admits nothing", &Mock{Kind: "gcra", Window: 2 * sec}, []step{
 			{0, limited, "2"},
 		}},
 	}
@@ -186,26 +186,26 @@ func TestKinds(t *testing.T) {
 
 func TestHeaders(t *testing.T) {
 	clk := &fakeClock{t: base}
-	get := func(v *Vendor) http.Header {
+	get := func(v *Mock) http.Header {
 		t.Helper()
 		v.now = clk.Now
 		rec := httptest.NewRecorder()
 		v.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/x", nil))
 		return rec.Header()
 	}
-	fixed := &Vendor{Rate: 5, Window: sec, Headers: "x-ratelimit"}
+	fixed := &Mock{Rate: 5, Window: sec, Headers: "x-ratelimit"}
 	h := get(fixed)
 	if h.Get("X-RateLimit-Limit") != "5" || h.Get("X-RateLimit-Remaining") != "4" || h.Get("X-RateLimit-Reset") != "1" {
 		t.Fatalf("fixed x-ratelimit headers: %v", h)
 	}
-	ietf := &Vendor{Rate: 5, Window: sec, Headers: "ietf"}
+	ietf := &Mock{Rate: 5, Window: sec, Headers: "ietf"}
 	h = get(ietf)
 	if h.Get("RateLimit-Policy") != `"default";q=5;w=1` || h.Get("RateLimit") != `"default";r=4;t=1` {
 		t.Fatalf("fixed ietf headers: %v", h)
 	}
 	for _, kind := range []string{"sliding", "gcra"} {
 		for _, mode := range []string{"x-ratelimit", "ietf"} {
-			h := get(&Vendor{Kind: kind, Rate: 5, Window: sec, Headers: mode})
+			h := get(&Mock{Kind: kind, Rate: 5, Window: sec, Headers: mode})
 			for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"} {
 				if h.Get(name) != "" {
 					t.Errorf("%s with Headers %q sent %s: %q", kind, mode, name, h.Get(name))
@@ -216,7 +216,7 @@ func TestHeaders(t *testing.T) {
 }
 
 func TestUnknownKind(t *testing.T) {
-	v := &Vendor{Kind: "token", Rate: 5, Window: sec}
+	v := &Mock{Kind: "token", Rate: 5, Window: sec}
 	rec := httptest.NewRecorder()
 	v.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/x", nil))
 	if rec.Code != http.StatusInternalServerError {
@@ -230,7 +230,7 @@ func TestUnknownKind(t *testing.T) {
 // TestSlidingBounded checks that the sliding log keeps only Rate times.
 func TestSlidingBounded(t *testing.T) {
 	clk := &fakeClock{t: base}
-	v := &Vendor{Kind: "sliding", Rate: 7, Window: 100 * ms, now: clk.Now}
+	v := &Mock{Kind: "sliding", Rate: 7, Window: 100 * ms, now: clk.Now}
 	admitted := 0
 	for i := range 10_000 {
 		clk.Set(base.Add(time.Duration(i) * ms))
@@ -259,7 +259,7 @@ func TestKindsConcurrent(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			// For "fixed", now lies mid-window: no window starts during the test.
 			phase := time.Duration(time.Now().UnixNano())%time.Hour - 30*time.Minute
-			v := &Vendor{Kind: kind, Rate: 10, Window: time.Hour, Phase: phase, Burst: 10}
+			v := &Mock{Kind: kind, Rate: 10, Window: time.Hour, Phase: phase, Burst: 10}
 			var wg sync.WaitGroup
 			for range 50 {
 				wg.Go(func() {
@@ -356,7 +356,7 @@ func TestJitterSleeps(t *testing.T) {
 // TestJitterConcurrent sends 50 requests at once through a server: they
 // are delayed side by side, not one after another.
 func TestJitterConcurrent(t *testing.T) {
-	vend := &Vendor{Rate: 1000, Window: time.Second}
+	vend := &Mock{Rate: 1000, Window: time.Second}
 	srv := httptest.NewServer(&Jitter{Next: vend, Max: 50 * time.Millisecond})
 	defer srv.Close()
 	tr := &http.Transport{MaxIdleConnsPerHost: 50}
