@@ -179,7 +179,7 @@ func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) 
 	maxLease := s.LastSeen.Add(asynqLease + time.Second)
 	back, gone := 0, 0
 	for _, rt := range w.runtimes(nil) {
-		ctl := rt.bucket().Control()
+		ctl := rt.bucket().Holds()
 		held, err := ctl.HeldBy(ctx, s.Replica, after)
 		if err != nil {
 			w.log.Warn("could not read a dead worker's calls; they come back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
@@ -237,7 +237,7 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	if len(stale) == 0 {
 		return 0, nil
 	}
-	ticks, err := rt.bucket().Control().HeldTicks(ctx)
+	ticks, err := rt.bucket().Holds().HeldTicks(ctx)
 	if err != nil {
 		return 0, err
 	}

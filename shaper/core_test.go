@@ -129,11 +129,11 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 		}
 	}
 	// Both record who holds each call granted a tick.
-	hc, err := bc.Control().HeldTicks(ctx)
+	hc, err := bc.Holds().HeldTicks(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hf, err := bf.Control().HeldTicks(ctx)
+	hf, err := bf.Holds().HeldTicks(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

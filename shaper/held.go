@@ -18,12 +18,21 @@ import (
 // at most, whatever the backlog.
 const heldKeep = 30 * time.Second
 
+// Holds is a bucket's record of who holds each granted call until its
+// tick (Request.Holder, written in the grant's round trip): what a job
+// runner reads to give a dead worker's calls back. It is apart from
+// Control, which is what the vendor says.
+type Holds struct{ b *Bucket }
+
+// Holds returns the bucket's record of held calls.
+func (b *Bucket) Holds() *Holds { return &Holds{b: b} }
+
 // HeldBy returns the holders (Request.Holder) of the calls replica was
 // granted a tick for after after (Redis time), oldest tick first: when
 // replica died before after, none of them started. Entries leave the
 // record heldKeep after their tick; Release takes them out sooner.
-func (c *Control) HeldBy(ctx context.Context, replica string, after time.Time) ([]string, error) {
-	b := c.b
+func (h *Holds) HeldBy(ctx context.Context, replica string, after time.Time) ([]string, error) {
+	b := h.b
 	members, err := b.gate.rdb.ZRangeByScore(ctx, b.keys.held, &redis.ZRangeBy{
 		Min: "(" + strconv.FormatInt(after.UnixMicro(), 10), Max: "+inf"}).Result()
 	if err != nil {
@@ -41,8 +50,8 @@ func (c *Control) HeldBy(ctx context.Context, replica string, after time.Time) (
 // HeldTicks returns the latest granted tick (Redis time) of every holder
 // in the record, whichever replica holds it: a call without one was not
 // granted a tick in the last heldKeep, so it never started.
-func (c *Control) HeldTicks(ctx context.Context) (map[string]time.Time, error) {
-	b := c.b
+func (h *Holds) HeldTicks(ctx context.Context) (map[string]time.Time, error) {
+	b := h.b
 	zs, err := b.gate.rdb.ZRangeWithScores(ctx, b.keys.held, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("shaper: calls held in %q: %w", b.name, unavailable(ctx, err))
@@ -63,11 +72,11 @@ func (c *Control) HeldTicks(ctx context.Context) (map[string]time.Time, error) {
 
 // Release takes replica's records of holders out (their calls went back
 // to the queue).
-func (c *Control) Release(ctx context.Context, replica string, holders ...string) error {
+func (h *Holds) Release(ctx context.Context, replica string, holders ...string) error {
 	if len(holders) == 0 {
 		return nil
 	}
-	b := c.b
+	b := h.b
 	members := make([]any, len(holders))
 	for i, h := range holders {
 		members[i] = replica + "|" + h

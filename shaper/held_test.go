@@ -54,20 +54,20 @@ func TestHeldRecord(t *testing.T) {
 		ticks[h] = grant(bk, h)
 	}
 	// a's calls are ticks 0, 2 and 4 (100 ms apart): after tick 1, 2 and 4.
-	got, err := ba.Control().HeldBy(ctx, a.gate.replica, time.UnixMicro(ticks["vendor:held|b1"]))
+	got, err := ba.Holds().HeldBy(ctx, a.gate.replica, time.UnixMicro(ticks["vendor:held|b1"]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(got) != "[vendor:held|a2 vendor:held|a4]" {
 		t.Errorf("HeldBy(a, after tick 1) = %v, want a2 and a4", got)
 	}
-	if got, _ := ba.Control().HeldBy(ctx, b.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|b1 vendor:held|b3 vendor:held|b5]" {
+	if got, _ := ba.Holds().HeldBy(ctx, b.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|b1 vendor:held|b3 vendor:held|b5]" {
 		t.Errorf("HeldBy(b) = %v, want b's calls only", got)
 	}
-	if err := ba.Control().Release(ctx, a.gate.replica, "vendor:held|a2"); err != nil {
+	if err := ba.Holds().Release(ctx, a.gate.replica, "vendor:held|a2"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := ba.Control().HeldBy(ctx, a.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|a0 vendor:held|a4]" {
+	if got, _ := ba.Holds().HeldBy(ctx, a.gate.replica, time.UnixMicro(0)); fmt.Sprint(got) != "[vendor:held|a0 vendor:held|a4]" {
 		t.Errorf("after Release(a2): %v", got)
 	}
 	// heldKeep after the last tick, one more grant trims everything older.
