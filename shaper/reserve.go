@@ -284,15 +284,25 @@ const reserveLua = `-- Each step of the model is a function of its inputs, defin
 -- them; the main part at the end binds KEYS and ARGV and calls the
 -- steps in order.
 
+-- read_fields(key, ...): the hash fields named, read at once (HMGET), as a
+-- table by name (false: not set).
+local function read_fields(key, ...)
+  local names = {...}
+  local vals = redis.call('HMGET', key, unpack(names))
+  local out = {}
+  for i, name in ipairs(names) do out[name] = vals[i] end
+  return out
+end
+
 -- adapted_tick: what adaptation set (a lowered or learned rate, a learned
 -- guard from refusals at the full rate: network jitter, a vendor that
--- enforces spacing) widens the tick. ctl holds the control fields
--- 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'.
+-- enforces spacing) widens the tick. ctl holds the control hash's
+-- fields by name (see read_fields).
 -- Returns the tick and the adapted rate (nil: the configured one).
 local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
   local cfg = raise.cfg
-  local rate = tonumber(ctl[2])
-  if rate and ctl[3] == 'learned' then
+  local rate = tonumber(ctl.rate)
+  if rate and ctl.rate_source == 'learned' then
     local r = raise_rate(key, now, raise)
     if r == 0 then rate = nil elseif r then rate = r end
   end
@@ -301,7 +311,7 @@ local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
     interval = math.max(interval, iv)
     burst = b
   end
-  local lguard = tonumber(ctl[4])
+  local lguard = tonumber(ctl.guard)
   if lguard and lguard > 0 then
     local iv, b = spacing(rate or cfg, burst, window + lguard)
     interval = math.max(interval, iv)
@@ -573,16 +583,16 @@ local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_interval 
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
 if wide_new then redis.call('HSET', k_gate, 'wide', wide_new) end
 if wide_at_new then redis.call('HSET', k_gate, 'wide_at', fmt(wide_at_new)) end
-local ctl = redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
+local ctl = read_fields(k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
 local rate
 local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
 interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
-local paused = tonumber(ctl[1]) or 0
-local lguard = tonumber(ctl[4])
+local paused = tonumber(ctl.paused_until) or 0
+local lguard = tonumber(ctl.guard)
 -- The core script reads the control hash only while the gate hash says
 -- it shapes the bucket (see adaptedLua): say it again for a state made
 -- anew.
-if paused > now or ctl[2] or lguard or ctl[5] then redis.call('HSET', k_gate, 'adapted', '1') end
+if paused > now or ctl.rate or lguard or ctl.tol then redis.call('HSET', k_gate, 'adapted', '1') end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
   fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now)
@@ -590,17 +600,17 @@ end
 
 -- 2. The state, and whether it was lost.
 local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
-local st = redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept')
-local last = tonumber(st[1])
-local n = tonumber(st[2]) or 0
-local logs = st[5]
+local st = read_fields(k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept')
+local last = tonumber(st.last)
+local n = tonumber(st.n) or 0
+local logs = st.log
 local reason = BEYOND_HORIZON
 -- The counters in use: every quota's, and the spaced limits' while calls
 -- of more than one unit come (costly_until: a span after the last one).
 -- Calls of one unit alone are kept by the spacing; the spaced counters
 -- start at the first costlier call, counting the window before it as
 -- full (see counted_spaced).
-local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st[11]) or 0) > now)
+local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
 local total_costly, total_last = 0, nil
 if tiv > 0 then
@@ -611,7 +621,7 @@ end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
-  counted_spaced(k_counts, own, tonumber(st[11]) or 0, last, now, k_gate, 'costly_until')
+  counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now, k_gate, 'costly_until')
   if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, total_last, now, k_total, 'costly_until') end
 end
 -- A lost state's next tick comes at l (the old one may have granted
@@ -622,12 +632,12 @@ end
 local lost, certain = nil, false
 -- A state holding a plan and no tick yet (calls planned, none granted)
 -- lost nothing, unless the group lost its epoch with it.
-if last == nil and (st[6] == false or not epoch or switched) then
+if last == nil and (st.plan == false or not epoch or switched) then
   local exp = tonumber(redis.call('ZSCORE', k_expiry, a_member))
   if not epoch or switched or (exp and exp > now) then
     lost, certain = now + a_horizon, switched or (epoch and exp ~= nil and exp > now)
   end
-elseif last ~= nil and runid ~= '' and st[8] ~= runid then
+elseif last ~= nil and runid ~= '' and st.run ~= runid then
   -- A stale copy: ticks it lacks reach at most now + horizon.
   lost, certain = math.max(last, now + a_horizon), true
 end
@@ -642,7 +652,7 @@ end
 
 -- 3. Warm-up: the rate ramps from warmup_from to the rate over warmup.
 if a_warmup > 0 then
-  local warm = warm_since(k_gate, st[1] ~= false, tonumber(st[7]), last, paused, tonumber(ctl[6]), a_window, now)
+  local warm = warm_since(k_gate, st.last ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), a_window, now)
   if warm and now - warm < a_warmup then
     local top = rate or a_rate
     local from = math.min(a_warmup_from, top)
@@ -690,7 +700,7 @@ if tiv > 0 then
 end
 
 -- 5. Lanes: while a high call waits for a tick, normal calls step aside.
-local hi_until = tonumber(st[9]) or 0
+local hi_until = tonumber(st.hi_until) or 0
 if not a_high and hi_until > now then
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0, known}
@@ -727,7 +737,7 @@ end
 local vt = nil
 if tiv > 0 then
   local pace = math.max(math.floor(interval / burst), fair)
-  vt = math.max(now, (tonumber(st[4]) or 0) + pace)
+  vt = math.max(now, (tonumber(st.vt) or 0) + pace)
   tick = math.max(tick, vt)
   vt = vt + pace * (a_cost - 1)
 end
@@ -755,12 +765,12 @@ end
 -- each lane, so that a crowd beyond the horizon polls once per tick in
 -- the order it arrived, not all at once.
 if tick - now > horizon then
-  local field, prev = 'defer_at', st[3]
-  if a_high then field, prev = 'hdefer_at', st[10] end
+  local field, prev = 'defer_at', st.defer_at
+  if a_high then field, prev = 'hdefer_at', st.hdefer_at end
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
   redis.call('HSET', k_gate, field, fmt(at))
   if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval)) end
-  keep_alive(keys, math.max(at, last or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, 0, now)
+  keep_alive(keys, math.max(at, last or 0) + a_keep, tonumber(st.kept) or 0, paused, a_keep, 0, now)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, at - now, reason, 0, 0, known}
 end
@@ -768,7 +778,7 @@ if a_max_in_flight > 0 then
   redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
   if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
     -- The gate hash may be new (its 'wide'): it expires as after a grant.
-    keep_alive(keys, math.max(last or now, now) + a_keep, tonumber(st[12]) or 0, paused, a_keep, 0, now)
+    keep_alive(keys, math.max(last or now, now) + a_keep, tonumber(st.kept) or 0, paused, a_keep, 0, now)
     redis.call('HINCRBY', k_stats, 'deferred', 1)
     return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
   end
@@ -799,7 +809,7 @@ if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if a_tick_log > 0 then log_ticks(k_ticks, {fmt(tick)}, a_tick_log, a_keep, now) end
 -- Who holds the call until its tick (see HeldBy).
 if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
-keep_alive(keys, math.max(tick, tonumber(st[3]) or 0) + a_keep, tonumber(st[12]) or 0, paused, a_keep, a_held_keep, now)
+keep_alive(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, tonumber(st.kept) or 0, paused, a_keep, a_held_keep, now)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
@@ -814,7 +824,7 @@ if tiv > 0 then
   if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
 end
 count(k_stats, 'granted', now)
-return {GRANTED, tick - now, 0, tick, tonumber(ctl[5]) or 0, known}
+return {GRANTED, tick - now, 0, tick, tonumber(ctl.tol) or 0, known}
 `
 
 // batchStagger spaces the moments at which callers of a batch deferred as
