@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
+.PHONY: build test test-redis test-browser test-nginx test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -15,8 +15,9 @@ build:
 # embedded Redis (and say so). Leaves to their own targets the tests that
 # need another program: make test-redis (tests named TestOwnRedis..., which
 # start, kill and restart redis-server processes of their own: restarts,
-# a stale copy, a cluster, a replica, TLS, eviction) and make
-# test-browser (the live page in Chromium); .ci/run installs both and runs
+# a stale copy, a cluster, a replica, TLS, eviction), make
+# test-browser (the live page in Chromium), make test-nginx (the
+# reference limiter against a real nginx); .ci/run installs them and runs
 # them. The first command builds every test binary on both cores; the
 # second runs them two packages at a time (-p 2), light scenarios of one
 # package side by side (-parallel 8). -short skips the long scenarios,
@@ -39,6 +40,12 @@ test-redis:
 # is missing.
 test-browser:
 	$(GO) test -tags browser -count=1 -run '^TestPageInBrowser$$' ./cmd/shaper
+
+# The reference limiter's own tests against a real nginx (limit_req; the
+# test file is built with -tags nginx only): fails, saying what to
+# install, where nginx is missing.
+test-nginx:
+	$(GO) test -tags nginx -count=1 ./internal/nginxtest
 
 # make test under the race detector, with the tests that need
 # redis-server: about 9 minutes from a cold cache (the race build of
@@ -90,11 +97,10 @@ bench:
 # do not assert: nine vendors configured at twice their limit, nginx
 # limit_req without burst (learned, strict_spacing, a fixed guard), 0-40 ms
 # of network jitter, a quiet fixed-window vendor. Without -race, one
-# scenario at a time. CI=true: a missing nginx fails the run instead of
-# leaving its rows out. About 3 minutes.
+# scenario at a time. A missing nginx fails the run. About 3 minutes.
 LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|NetworkJitter)'
 bench-learn:
-	CI=true $(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
+	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
 	$(GO) run ./bench -learn learn.txt -out docs -learn-command "make bench-learn"
 
 # What serving 200 idle vendors costs in Redis commands/s, goroutines and
@@ -111,8 +117,10 @@ lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
 	$(GO) vet -tags browser ./cmd/shaper
+	$(GO) vet -tags nginx ./internal/nginxtest
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags browser ./cmd/shaper
+	$(STATICCHECK) -tags nginx ./internal/nginxtest
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config

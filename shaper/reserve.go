@@ -284,20 +284,10 @@ const reserveLua = `-- Each step of the model is a function of its inputs, defin
 -- them; the main part at the end binds KEYS and ARGV and calls the
 -- steps in order.
 
--- read_fields(key, ...): the hash fields named, read at once (HMGET), as a
--- table by name (false: not set).
-local function read_fields(key, ...)
-  local names = {...}
-  local vals = redis.call('HMGET', key, unpack(names))
-  local out = {}
-  for i, name in ipairs(names) do out[name] = vals[i] end
-  return out
-end
-
 -- adapted_tick: what adaptation set (a lowered or learned rate, a learned
 -- guard from refusals at the full rate: network jitter, a vendor that
 -- enforces spacing) widens the tick. ctl holds the control hash's
--- fields by name (see read_fields).
+-- fields by name.
 -- Returns the tick and the adapted rate (nil: the configured one).
 local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
   local cfg = raise.cfg
@@ -455,14 +445,27 @@ local function logged(l, u, b, logt, k, span, t, cost)
 end
 
 -- first_clear(key, from, to): the first clear bit of the bitmap at key
--- in bits from..to, or -1. (BITPOS's BIT unit is Redis 7's: the embedded
--- Redis lacks it, so the bytes are read and the bits scanned here.)
+-- in bits from..to, or -1. BITPOS's BIT unit is Redis 7's: on a Redis
+-- without it (the embedded one) the bytes are read and scanned here, a
+-- full byte at a time.
 local function first_clear(key, from, to)
+  local p = redis.pcall('BITPOS', key, 0, from, to, 'BIT')
+  if type(p) == 'number' then
+    if p > to then return -1 end
+    return p
+  end
   local first = math.floor(from / 8)
   local bytes = redis.call('GETRANGE', key, first, math.floor(to / 8))
-  for p = from, to do
-    local b = string.byte(bytes, math.floor(p / 8) - first + 1)
-    if not b or math.floor(b / 2 ^ (7 - p % 8)) % 2 == 0 then return p end
+  local q = from
+  while q <= to do
+    local b = string.byte(bytes, math.floor(q / 8) - first + 1)
+    if not b then return q end
+    if b == 255 and q % 8 == 0 then
+      q = q + 8
+    else
+      if math.floor(b / 2 ^ (7 - q % 8)) % 2 == 0 then return q end
+      q = q + 1
+    end
   end
   return -1
 end
@@ -583,7 +586,10 @@ local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_interval 
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
 if wide_new then redis.call('HSET', k_gate, 'wide', wide_new) end
 if wide_at_new then redis.call('HSET', k_gate, 'wide_at', fmt(wide_at_new)) end
-local ctl = read_fields(k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from')
+-- Hash fields read by name at the read (false: not set).
+local ctl = {}
+ctl.paused_until, ctl.rate, ctl.rate_source, ctl.guard, ctl.tol, ctl.pause_from = unpack(redis.call('HMGET', k_control,
+  'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'))
 local rate
 local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
 interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
@@ -600,7 +606,9 @@ end
 
 -- 2. The state, and whether it was lost.
 local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
-local st = read_fields(k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept')
+local st = {}
+st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept = unpack(
+  redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept'))
 local last = tonumber(st.last)
 local n = tonumber(st.n) or 0
 local logs = st.log
