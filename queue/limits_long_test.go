@@ -112,7 +112,11 @@ func TestLongQuotaAtThePaceOfTheShortLimit(t *testing.T) {
 // TestLongCostsAgainstAUnitVendor: calls of 1 to 10 units against a
 // vendor that counts 100 units a second (the cost in a header), two
 // workers: no 429, nothing lost, never more than 100 units in a vendor
-// second; the share of the units the vendor allows is logged.
+// second; the share of the units the vendor allows is logged. make
+// test-long runs it without the race detector: under -race the vendor's
+// arrival stamps lagged the starts enough to put 101 units in a sliding
+// window 20 ms short of a second (CI, once; the vendor's own seconds held
+// 100).
 func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
