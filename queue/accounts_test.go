@@ -330,7 +330,7 @@ func TestRateLimitedPausesOnlyItsAccount(t *testing.T) {
 
 // TestAccountEditIsRespaced lowers a per-account vendor from 20/s to 5/s
 // per account while two accounts have backlogs, their ticks reserved up
-// to the per-account horizon (1.5 s) ahead: each replica respaces its
+// to the per-account horizon (1.2 s) ahead: each replica respaces its
 // accounts with calls in flight, and every account's vendor sees the new
 // spacing within a second of the change.
 func TestAccountEditIsRespaced(t *testing.T) {

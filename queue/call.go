@@ -53,6 +53,7 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		}
 		req := taskRequest(t)
 		req.Holder = holderOf(ctx)
+		req.Backlogged = w.backlogged(ctx, rt, account, req.Lane)
 		err = h(vendorclients.WithRequest(ctx, req), t, client)
 		if d := w.asDeferral(ctx, rt, account, req.Lane, err); d != nil {
 			return d
@@ -138,13 +139,28 @@ func (w *Worker) asDeferral(ctx context.Context, rt *vendorRuntime, account stri
 	return nil
 }
 
+// backlogged is what a call does when its place in a backlog is further
+// than max_wait (shaper.Request.Backlogged): it keeps its place and waits,
+// since sent back to the queue it would come back behind the calls
+// enqueued after it (G3), and the vendor's asynq queue is paused, as for
+// a long wait, so that no replica takes more calls only to hold them. An
+// account's backlog does not pause the queue its other accounts share.
+func (w *Worker) backlogged(ctx context.Context, rt *vendorRuntime, account string, lane shaper.Lane) func(time.Duration) {
+	return func(wait time.Duration) {
+		if account == "" {
+			w.pauseQueue(ctx, rt, wait, lane)
+		}
+	}
+}
+
 func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorclients.Client, t *asynq.Task, id string, call Call) error {
 	for attempt := 1; ; attempt++ {
 		var body io.Reader
 		if len(call.Body) > 0 {
 			body = bytes.NewReader(call.Body)
 		}
-		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Holder: holderOf(ctx)}), call.Method, call.Path, body)
+		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Holder: holderOf(ctx),
+			Backlogged: w.backlogged(ctx, rt, call.Account, call.lane())}), call.Method, call.Path, body)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 		}

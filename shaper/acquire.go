@@ -59,6 +59,16 @@ type Request struct {
 	Lane Lane
 	// MaxWait bounds the wait, as for AcquireWithin (0: no bound).
 	MaxWait time.Duration
+	// Backlogged, when set, keeps the call's place in a backlog: a wait
+	// beyond MaxWait that is only the calls ahead of it (they asked first
+	// and took the ticks up to the horizon; no pause or spent limit holds
+	// the call) is waited out rather than returned, and Backlogged is told
+	// of it once, from the caller's goroutine, so that a job runner can
+	// stop taking more calls. A caller sent back to its queue would
+	// come back behind every call that asked meanwhile. Such a wait is
+	// bounded by the calls waiting ahead (a job runner's concurrency over
+	// its replicas) at the bucket's rate.
+	Backlogged func(wait time.Duration)
 	// Holder, when set, names the call (the queue sets its task) in the
 	// gate's record of who holds which call until its tick, in the same
 	// round trip as the grant: when this replica dies, another can tell
@@ -112,6 +122,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		return nil, 0, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", ErrCost, req.Cost, b.name, m)
 	}
 	maxWait := req.MaxWait
+	backlogged := false // told req.Backlogged
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
@@ -145,7 +156,13 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
 			}
 			if maxWait > 0 && wait > maxWait {
-				return nil, wait, nil
+				if req.Backlogged == nil || r.reason != beyondHorizon {
+					return nil, wait, nil
+				}
+				if !backlogged {
+					backlogged = true
+					req.Backlogged(wait)
+				}
 			}
 			if err := clock.Sleep(ctx, wait); err != nil {
 				return nil, 0, err

@@ -18,9 +18,9 @@ const (
 // codesLua names the reply codes, the defer reasons and noServer in the
 // scripts.
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, USE_FULL = %d, %d, %d
-local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH = %d, %d, %d, %d
+local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT = %d, %d, %d, %d, %d
 local NO_SERVER = '%s'
-`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, noServer)
+`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -237,7 +237,9 @@ for i = 1, a_count do
   if tick - now > a_horizon then
     at = math.max(tick - a_horizon, at + pace)
     deferred = deferred + 1
-    put(out, DEFERRED, at - now, BEYOND_HORIZON, 0)
+    local why = BEYOND_HORIZON
+    if from - now > a_horizon then why = HELD_BY_LIMIT end
+    put(out, DEFERRED, at - now, why, 0)
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick

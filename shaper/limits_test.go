@@ -546,7 +546,7 @@ func TestTotalQuotaAcrossAccounts(t *testing.T) {
 		}
 		if r.ok {
 			granted++
-		} else if r.reason == beyondHorizon && r.wait > 10*time.Minute {
+		} else if r.reason == heldByLimit && r.wait > 10*time.Minute {
 			break // the quota is spent
 		} else {
 			clk.advance(max(r.wait, time.Millisecond))

@@ -17,10 +17,11 @@ type deferReason int
 
 const (
 	granted       deferReason = iota // not deferred
-	beyondHorizon                    // the next tick is further than the horizon: backlog or pause
+	beyondHorizon                    // the next free tick is further than the horizon: a backlog (the calls before took the ticks)
 	inFlightFull                     // max_in_flight slots are all taken
 	stateReset                       // the state was missing (first use or lost): waiting out the horizon
 	behindHigh                       // a call of the high lane waits for a tick
+	heldByLimit                      // a pause or a spent limit (a quota, a costly call's units) puts the earliest start beyond the horizon
 )
 
 // reservation is the answer of one round trip to the gate.
@@ -727,6 +728,7 @@ end
 for _, c in ipairs(totals) do
   if c.kind ~= 's' or a_cost > 1 then tick = math.max(tick, counter_free_at(k_total_counts, c, a_cost, now)) end
 end
+local start = tick -- the earliest start the pause and the counters allow
 
 -- 7. The earliest tick every line admits. In a group with a total, a
 -- bucket keeps its own pace: a virtual time vt one pace apart per unit
@@ -773,6 +775,7 @@ end
 -- each lane, so that a crowd beyond the horizon polls once per tick in
 -- the order it arrived, not all at once.
 if tick - now > horizon then
+  if reason == BEYOND_HORIZON and start - now > horizon then reason = HELD_BY_LIMIT end
   local field, prev = 'defer_at', st.defer_at
   if a_high then field, prev = 'hdefer_at', st.hdefer_at end
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
