@@ -173,33 +173,12 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		// is somewhere in [sent+wait, recv+wait]. Start no earlier than the
 		// latest and no later than Tolerance after the earliest: a slow
 		// round trip uses up tolerance.
-		earliest := sent.Add(r.wait)
-		tick := recv.Add(r.wait)
-		if err := clock.Sleep(ctx, tick.Sub(clock.Now())); err != nil {
-			_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost)
+		p, err := b.holdTick(ctx, l, req, held{r: r, sent: sent, earliest: sent.Add(r.wait), tick: recv.Add(r.wait)})
+		if err != nil {
 			return nil, 0, err
 		}
-		now := clock.Now()
-		late := now.Sub(earliest)
-		b.observeLate(late)
-		_, _, _, tolerance := b.spacing()
-		if r.tolerance > 0 {
-			tolerance = min(tolerance, r.tolerance)
+		if p != nil {
+			return p, 0, nil
 		}
-		if late > tolerance {
-			if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, req.Cost); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		if b.gate.pausedAt(l, now) || b.gate.respacedSince(l, sent) {
-			// Granted before a pause began (the vendor just said stop), or
-			// at a spacing that has since changed: ask again.
-			if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick, req.Cost); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		return &Permit{Tick: tick, Late: max(late, 0), bucket: b, lease: r.lease, at: r.tick}, 0, nil
 	}
 }

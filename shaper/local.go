@@ -23,6 +23,7 @@ type local struct {
 	current     *Bucket       // the handle a respace made current (nil: none)
 	batch       []*asker      // callers waiting to ask in the next batch, in arrival order
 	batching    bool          // a batch is on its way to Redis (its runner hands on)
+	holding     []*holder     // callers holding a granted tick, in the order of their ticks (see hold.go)
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
