@@ -17,7 +17,7 @@ import (
 func TestBackloggedKeepsItsPlace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	setup := func(t *testing.T, p Policy) (*Bucket, *redisClock) {
+	bucket := func(t *testing.T, p Policy) (*Bucket, *redisClock) {
 		clk := &redisClock{}
 		clk.set(testEpoch)
 		r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), virtualClock{clk})
@@ -26,6 +26,10 @@ func TestBackloggedKeepsItsPlace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return b, clk
+	}
+	setup := func(t *testing.T, p Policy) (*Bucket, *redisClock) {
+		b, clk := bucket(t, p)
 		// The state made anew waits out the horizon; then the ticks up to
 		// the horizon go to ten calls and thirty more are told to come
 		// back one tick apart: a backlog of four seconds.
@@ -75,14 +79,7 @@ func TestBackloggedKeepsItsPlace(t *testing.T) {
 	})
 	t.Run("a spent quota is returned", func(t *testing.T) {
 		q := Policy{Limits: []Limit{{Rate: 10, Window: time.Second}, {Rate: 5, Window: time.Hour}}}
-		clk := &redisClock{}
-		clk.set(testEpoch)
-		r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), virtualClock{clk})
-		r.gate.testNow = clk.now
-		b, err := r.gate.Bucket("acme", q)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b, clk := bucket(t, q)
 		grantTicks(t, b, clk, 5)
 		called := false
 		permit, wait, err := b.Ask(ctx, Request{MaxWait: maxWait, Backlogged: func(time.Duration) { called = true }})

@@ -43,10 +43,9 @@ type holder struct {
 	lane Lane
 	cost int
 	// Guarded by Gate.mu.
-	g      held
-	ok     bool   // g is a tick (false: it was handed on; ask again)
-	moved  func() // wakes the caller from its sleep: g or ok changed
-	handed bool   // moved was called since the caller last looked
+	g     held
+	ok    bool   // g is a tick (false: it was handed on; ask again)
+	moved func() // wakes the caller from its sleep: g or ok changed
 }
 
 // tradeLead is how close to its tick a holder may be and still have its
@@ -75,9 +74,20 @@ func (l *local) sortHolding() {
 }
 
 func (p *holder) wake() {
-	p.handed = true
 	if p.moved != nil {
 		p.moved()
+	}
+}
+
+// drop takes h out of the line and gives up the tick it holds, if any
+// (its caller ends).
+func (b *Bucket) drop(ctx context.Context, l *local, h *holder) {
+	b.gate.mu.Lock()
+	g, ok := h.g, h.ok
+	l.unhold(h)
+	b.gate.mu.Unlock()
+	if ok {
+		_ = b.giveUp(context.WithoutCancel(ctx), g.r.lease, "", g.r.tick, h.cost)
 	}
 }
 
@@ -154,7 +164,6 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 	for {
 		gate.mu.Lock()
 		cur, ok := h.g, h.ok
-		h.handed = false
 		sleep, cancel := context.WithCancel(ctx)
 		h.moved = cancel
 		gate.mu.Unlock()
@@ -165,18 +174,12 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 		err := clock.Sleep(sleep, cur.tick.Sub(clock.Now()))
 		cancel()
 		if ctx.Err() != nil {
-			gate.mu.Lock()
-			cur, ok = h.g, h.ok
-			l.unhold(h)
-			gate.mu.Unlock()
-			if ok {
-				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, "", cur.r.tick, req.Cost)
-			}
+			b.drop(ctx, l, h)
 			return nil, ctx.Err()
 		}
 		now := clock.Now()
 		gate.mu.Lock()
-		if err != nil || h.handed || !h.ok || h.g != cur {
+		if err != nil || !h.ok || h.g != cur {
 			gate.mu.Unlock()
 			continue // woken: its tick changed
 		}
@@ -190,14 +193,8 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			again := l.handOn(h, now)
 			gate.mu.Unlock()
 			if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost); err != nil {
-				gate.mu.Lock()
 				if again {
-					l.unhold(h)
-					g := h.g
-					gate.mu.Unlock()
-					_ = b.giveUp(context.WithoutCancel(ctx), g.r.lease, "", g.r.tick, req.Cost)
-				} else {
-					gate.mu.Unlock()
+					b.drop(ctx, l, h) // the tick it was handed
 				}
 				return nil, err
 			}

@@ -133,16 +133,22 @@ func TestHeldTicksTrade(t *testing.T) {
 		out <- result{who: who, at: time.UnixMicro(p.at).Sub(start)}
 	}
 	iv := 101 * time.Millisecond
-
-	t.Run("a late caller keeps its place", func(t *testing.T) {
-		b, clk, t0 := setup(t)
-		out := make(chan result, 3)
+	// holdThree has normal callers a, b and c ask in turn: each holds the
+	// next tick after t0. Returns the ticks they sleep until.
+	holdThree := func(t *testing.T, b *Bucket, clk *stepClock, t0 time.Time, out chan<- result) []time.Time {
 		var want []time.Time
 		for i, who := range []string{"a", "b", "c"} {
 			go ask(b, who, Normal, out)
 			want = append(want, t0.Add(time.Duration(i+1)*iv))
 			clk.await(t, want...)
 		}
+		return want
+	}
+
+	t.Run("a late caller keeps its place", func(t *testing.T) {
+		b, clk, t0 := setup(t)
+		out := make(chan result, 3)
+		holdThree(t, b, clk, t0, out)
 		// a wakes 50 ms after its tick, later than its tolerance (7.5 ms).
 		clk.set(t0.Add(iv + 50*time.Millisecond))
 		clk.await(t, t0.Add(2*iv), t0.Add(3*iv), t0.Add(4*iv))
@@ -159,12 +165,7 @@ func TestHeldTicksTrade(t *testing.T) {
 	t.Run("a high call takes the first normal tick held", func(t *testing.T) {
 		b, clk, t0 := setup(t)
 		out := make(chan result, 4)
-		var want []time.Time
-		for i, who := range []string{"a", "b", "c"} {
-			go ask(b, who, Normal, out)
-			want = append(want, t0.Add(time.Duration(i+1)*iv))
-			clk.await(t, want...)
-		}
+		want := holdThree(t, b, clk, t0, out)
 		go ask(b, "high", High, out)
 		want = append(want, t0.Add(4*iv))
 		clk.await(t, want...)
