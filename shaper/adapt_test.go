@@ -178,6 +178,24 @@ func TestStatsCountsTheLastMinute(t *testing.T) {
 		t.Errorf("in the next minute: %d granted, %d in the last minute, %d rate-limited in it; want 10, 7 (7/10 of 10), 2 (7/10 of 3)",
 			st.Granted, st.GrantedLastMinute, st.RateLimitedLastMinute)
 	}
+	// The gate hash folds its count into the stats hash every grantFold
+	// grants and when the minute changes: the stats count every grant
+	// whichever holds it, and in the right minute.
+	grantTicks(t, b, clk, 3)
+	if st, err = b.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st.Granted != 13 || st.GrantedLastMinute != 10 {
+		t.Errorf("after 3 more: %d granted, %d in the last minute; want 13, 10 (3 + 7/10 of 10)", st.Granted, st.GrantedLastMinute)
+	}
+	clk.set(testEpoch + (3*time.Minute + 30*time.Second).Microseconds())
+	grantTicks(t, b, clk, grantFold+1)
+	if st, err = b.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(13 + grantFold + 1); st.Granted != want || st.GrantedLastMinute != grantFold+1 {
+		t.Errorf("minutes later: %d granted, %d in the last minute; want %d, %d", st.Granted, st.GrantedLastMinute, want, grantFold+1)
+	}
 }
 
 func TestLastMinuteEstimate(t *testing.T) {
@@ -198,7 +216,7 @@ func TestLastMinuteEstimate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := lastMinute(now, "granted", lookup(tt.fields)); got != tt.want {
+			if got := int64(lastMinute(now, "granted", lookup(tt.fields)) + 0.5); got != tt.want {
 				t.Errorf("lastMinute = %d, want %d", got, tt.want)
 			}
 		})

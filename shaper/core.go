@@ -94,14 +94,34 @@ local function log_ticks(key, ticks, len, keep, now)
   if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
 end
 
--- count_granted(key, k, m, gm): k more grants in clock minute m in the
--- stats hash key (see minuteCounterLua); gm is the minute the bucket last
--- counted in (its gate hash keeps it), so the minute's slot is checked
--- once a minute per bucket, not on every grant.
-local function count_granted(key, k, m, gm)
-  local slot = tostring(m % 2)
-  if gm ~= m then roll(key, 'granted', slot, m) end
-  redis.call('HINCRBY', key, 'granted_c' .. slot, k)
+-- fold_granted(key, gm, c, m): c grants of clock minute gm into the
+-- stats hash key at minute m: into gm's slot, or the total once gm is
+-- more than a minute old.
+local function fold_granted(key, gm, c, m)
+  if gm < m - 1 then
+    redis.call('HINCRBY', key, 'granted', fmt(c))
+    return
+  end
+  local slot = tostring(gm % 2)
+  roll(key, 'granted', slot, gm)
+  redis.call('HINCRBY', key, 'granted_c' .. slot, fmt(c))
+end
+
+-- count_granted(key, k, m, gm, gc): the bucket's count of grants in
+-- clock minute m after k more, as its gate hash keeps it (gc in minute
+-- gm). The gate hash counts a minute's grants and folds them into the
+-- group's stats hash key (see minuteCounterLua) once they reach
+-- ` + grantFoldLua + ` or the minute changes, so that most grants write no stats; Stats
+-- adds what the gate hash holds to what the stats hash does.
+local function count_granted(key, k, m, gm, gc)
+  if gm ~= m then
+    if gm and gc > 0 then fold_granted(key, gm, gc, m) end
+    gc = 0
+  end
+  gc = gc + k
+  if gc < ` + grantFoldLua + ` then return gc end
+  fold_granted(key, m, gc, m)
+  return 0
 end
 `
 
@@ -110,6 +130,14 @@ end
 const tickTrim = 32
 
 var tickTrimLua = fmt.Sprint(tickTrim)
+
+// grantFold is how many grants a gate hash counts before it folds them
+// into the group's stats hash (see count_granted): one HINCRBY per
+// grantFold grants, and a group's stats lag its buckets' grants by less
+// than grantFold each.
+const grantFold = 8
+
+var grantFoldLua = fmt.Sprint(grantFold)
 
 // coreKeyNames names the core script's KEYS, in order (TestScriptBindings).
 var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "held"}
@@ -120,30 +148,27 @@ func (k bucketKeys) core() []string {
 }
 
 // coreArgs are the core script's ARGV, in order (TestScriptBindings).
+// Every grant reads the first ten; Adapt and Keeping are read only where
+// they are used (a bucket adaptation shapes, keys to extend), so that the
+// common grant does not pay for passing and binding them one by one.
 type coreArgs struct {
-	Now      int64   `lua:"now"`       // Redis time override (µs; 0: TIME)
-	Interval int64   `lua:"interval"`  // tick interval (µs) of the caller's policy
-	Burst    int     `lua:"burst"`     // calls per tick of the caller's policy
-	Horizon  int64   `lua:"horizon"`   // µs: no tick is reserved further ahead
-	Span     int64   `lua:"span"`      // the limit's window + guard (µs)
-	Window   int64   `lua:"window"`    // the limit's window (µs)
-	Rate     float64 `lua:"rate"`      // the configured rate (calls per window)
-	Keep     int64   `lua:"keep"`      // µs the state outlives its last tick
-	Member   string  `lua:"member"`    // the bucket's name in its group ("" for a group of one)
-	Replica  string  `lua:"replica"`   // the caller's replica id
-	Mine     string  `lua:"mine"`      // the caller's tick as widest keeps it: "interval|burst|replica"
-	Live     int64   `lua:"live"`      // µs a policy granted under keeps counting (replicaLive)
-	TickLog  int     `lua:"tick_log"`  // length of the ticks list
-	Server   string  `lua:"server"`    // the server's run_id as the gate knows it (noServer: unknown)
-	HeldKeep int64   `lua:"held_keep"` // µs a held record outlives its tick
-	Count    int     `lua:"count"`     // calls asking, in their order (a batch)
-	Holders  string  `lua:"holders"`   // who holds each call until its tick, each followed by "\n" ("": no record)
+	Now      int64  `lua:"now"`      // Redis time override (µs; 0: TIME)
+	Interval int64  `lua:"interval"` // tick interval (µs) of the caller's policy
+	Burst    int    `lua:"burst"`    // calls per tick of the caller's policy
+	Horizon  int64  `lua:"horizon"`  // µs: no tick is reserved further ahead
+	Keep     int64  `lua:"keep"`     // µs the state outlives its last tick
+	Mine     string `lua:"mine"`     // the caller's tick as widest keeps it: "interval|burst|replica"
+	Live     int64  `lua:"live"`     // µs a policy granted under keeps counting (replicaLive)
+	TickLog  int    `lua:"tick_log"` // length of the ticks list
+	Server   string `lua:"server"`   // the server's run_id as the gate knows it (noServer: unknown)
+	Holders  string `lua:"holders"`  // the calls asking, in their order: who holds each until its tick, each followed by "\n" ("\n" alone: one call, no record)
+	Adapt    string `lua:"adapt"`    // "span|window|rate": the limit's window + guard and window (µs), the configured rate
+	Keeping  string `lua:"keeping"`  // "held_keep|member": µs a held record outlives its tick, the bucket's name in its group ("" for a group of one)
 }
 
 // argv returns the arguments in the order of the struct's fields.
 func (a coreArgs) argv() []any {
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Span, a.Window, a.Rate, a.Keep, a.Member, a.Replica, a.Mine,
-		a.Live, a.TickLog, a.Server, a.HeldKeep, a.Count, a.Holders}
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Holders, a.Adapt, a.Keeping}
 }
 
 // coreScript reserves the next ticks of count calls of the common bucket,
@@ -173,99 +198,101 @@ local a_now = tonumber(ARGV[1])
 local a_interval = tonumber(ARGV[2])
 local a_burst = tonumber(ARGV[3])
 local a_horizon = tonumber(ARGV[4])
-local a_span = ARGV[5]
-local a_window = ARGV[6]
-local a_rate = ARGV[7]
-local a_keep = tonumber(ARGV[8])
-local a_member = ARGV[9]
-local a_replica = ARGV[10]
-local a_mine = ARGV[11]
-local a_live = tonumber(ARGV[12])
-local a_tick_log = tonumber(ARGV[13])
-local a_server = ARGV[14]
-local a_held_keep = tonumber(ARGV[15])
-local a_count = tonumber(ARGV[16])
-local a_holders = ARGV[17]
--- (The span, window and rate are numbers only where adaptation uses them.)
+local a_keep = tonumber(ARGV[5])
+local a_mine = ARGV[6]
+local a_live = tonumber(ARGV[7])
+local a_tick_log = tonumber(ARGV[8])
+local a_server = ARGV[9]
+local a_holders = ARGV[10]
+local a_adapt = ARGV[11]
+local a_keeping = ARGV[12]
 
 local now = now_from(a_now)
-local last, n, defer_at, run, wide, wide_at, kept, hi_until, costly_until, gm, adapted = unpack(redis.call('HMGET', k_gate,
-  'last', 'n', 'defer_at', 'run', 'wide', 'wide_at', 'kept', 'hi_until', 'costly_until', 'gm', 'adapted'))
-last, n, kept, gm = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm)
+local last, n, defer_at, run, wide, wide_at, kept, gm, gc, adapted = unpack(redis.call('HMGET', k_gate,
+  'last', 'n', 'defer_at', 'run', 'wide', 'wide_at', 'kept', 'gm', 'gc', 'adapted'))
+last, n, kept, gm, gc = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm), tonumber(gc) or 0
 local server = a_server
 if server == NO_SERVER then server = '' end
-if a_server == '' or last == nil or run ~= server or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
--- What adaptation set (see adaptedLua), read only when it is there.
-local paused, rate, source, guard, tol = 0, nil, nil, nil, nil
-if adapted then
-  paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
-  if source == 'learned' then return {USE_FULL} end
-  paused, rate, guard = tonumber(paused) or 0, tonumber(rate), tonumber(guard)
-  if paused <= now and not rate and not guard and not tol then redis.call('HDEL', k_gate, 'adapted') end
-end
+if a_server == '' or last == nil or run ~= server then return {USE_FULL} end
 
--- The tick: the widest live one, widened by a rate set or announced and
--- by a guard learned from refusals.
+-- The tick: the widest live one, widened by what adaptation set (a rate
+-- set or announced, a guard learned from refusals), read only when the
+-- gate hash says it is there (see adaptedLua): a pause, a rate, a guard,
+-- a high call waiting, costly calls.
 local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, a_interval, a_burst, a_live, now)
-if rate and rate > 0 then
-  local iv, b = spacing(rate, burst, tonumber(a_span))
-  interval, burst = math.max(interval, iv), b
+local paused, tol, hi_until = 0, 0, 0
+if adapted then
+  local costly_until, rate, source, guard
+  hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
+  paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
+  if source == 'learned' or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
+  paused, rate, guard, hi_until = tonumber(paused) or 0, tonumber(rate), tonumber(guard), tonumber(hi_until) or 0
+  if paused <= now and not rate and not guard and not tol and hi_until <= now then redis.call('HDEL', k_gate, 'adapted') end
+  tol = tonumber(tol) or 0
+  local span, window, cfg = string.match(a_adapt, '^(%d+)|(%d+)|(.*)$')
+  if rate and rate > 0 then
+    local iv, b = spacing(rate, burst, tonumber(span))
+    interval, burst = math.max(interval, iv), b
+  end
+  if guard and guard > 0 then
+    local iv, b = spacing(rate or tonumber(cfg), burst, tonumber(window) + guard)
+    interval, burst = math.max(interval, iv), b
+  end
 end
-if guard and guard > 0 then
-  local iv, b = spacing(rate or tonumber(a_rate), burst, tonumber(a_window) + guard)
-  interval, burst = math.max(interval, iv), b
-end
-hi_until = tonumber(hi_until) or 0
 if hi_until > now then
-  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  redis.call('HINCRBY', k_stats, 'deferred', '1')
   return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0}
 end
 
 -- Each call in turn: the next tick on the line, or beyond the horizon a
 -- moment to come back, one tick after the last deferred caller's.
-local out, ticks, held = {}, {}, {}
-local pace, at = math.floor(interval / burst), tonumber(defer_at) or 0
-local from, deferred = math.max(now, paused), 0
-local holders = {}
-if string.find(a_holders, '[^\n]') then
+local holders = {''}
+if a_holders ~= '\n' then
+  holders = {}
   for h in string.gmatch(a_holders, '([^\n]*)\n') do holders[#holders + 1] = h end
 end
-for i = 1, a_count do
-  local tick = from
+local out, ticks, held = nil, {}, {}
+local pace, at = math.floor(interval / burst), 0
+local from, deferred = math.max(now, paused), 0
+for i = 1, #holders do
+  local tick, code, why = from, GRANTED, 0
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
-  local holder = holders[i] or ''
   if tick - now > a_horizon then
+    if deferred == 0 then at = tonumber(defer_at) or 0 end
     at = math.max(tick - a_horizon, at + pace)
     deferred = deferred + 1
-    local why = BEYOND_HORIZON
+    code, why, tick = DEFERRED, BEYOND_HORIZON, 0
     if from - now > a_horizon then why = HELD_BY_LIMIT end
-    put(out, DEFERRED, at - now, why, 0)
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
     ticks[#ticks + 1] = fmt(tick)
-    if holder ~= '' then put(held, ticks[#ticks], a_replica .. '|' .. holder) end
-    put(out, GRANTED, tick - now, 0, tick)
+    if holders[i] ~= '' then put(held, ticks[#ticks], string.match(a_mine, '^%d+|%d+|(.*)$') .. '|' .. holders[i]) end
   end
-  if i == 1 then out[5] = tonumber(tol) or 0 end
+  local wait = tick - now
+  if code == DEFERRED then wait = at - now end
+  if out == nil then out = {code, wait, why, tick, tol} else put(out, code, wait, why, tick) end
 end
 
 local m = math.floor(now / 60000000)
 local set = {}
-if #ticks > 0 then put(set, 'last', ticks[#ticks], 'n', n) end
+if #ticks > 0 then put(set, 'last', ticks[#ticks], 'n', fmt(n)) end
 if wide_new then put(set, 'wide', wide_new) end
 if wide_at_new then put(set, 'wide_at', fmt(wide_at_new)) end
 if deferred > 0 then put(set, 'defer_at', fmt(at)) end
-if #ticks > 0 and m ~= gm then put(set, 'gm', fmt(m)) end
+if #ticks > 0 then
+  if m ~= gm then put(set, 'gm', fmt(m)) end
+  put(set, 'gc', fmt(count_granted(k_stats, #ticks, m, gm, gc)))
+end
 if #set > 0 then redis.call('HSET', k_gate, unpack(set)) end
 if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
 if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
 local untilv = math.max(last, at) + a_keep
 if untilv > kept then
-  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
-  keep_alive(keys, untilv, kept, paused, a_keep, a_held_keep, now)
+  local held_keep, member = string.match(a_keeping, '^(%d+)|(.*)$')
+  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = member}
+  keep_alive(keys, untilv, kept, paused, a_keep, tonumber(held_keep), now)
 end
-if #ticks > 0 then count_granted(k_stats, #ticks, m, gm) end
-if deferred > 0 then redis.call('HINCRBY', k_stats, 'deferred', deferred) end
+if deferred > 0 then redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred)) end
 return out
 `

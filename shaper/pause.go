@@ -11,11 +11,14 @@ import (
 )
 
 // adaptedLua defines adapted(k_gate): the bucket's gate hash, if there
-// is one, says that its control hash holds something that shapes it (a
-// pause, a rate, a learned guard), so that the core script reads it. Every
-// writer of such a field calls it; the full reserve script sets the mark
-// again when it makes a gate hash anew while one is in force, and the core
-// script takes it away once nothing is.
+// is one, says that something beyond the common line shapes it (in its
+// control hash a pause, a rate, a learned guard; in the gate hash a high
+// call waiting, "hi_until", or costly calls, "costly_until"), so that the
+// core script reads those fields: the common grant reads none of them.
+// Every writer of such a field calls it (the full reserve script writes
+// the mark itself with the gate hash's fields); the full reserve script
+// sets the mark again when it makes a gate hash anew while one is in
+// force, and the core script takes it away once nothing is.
 const adaptedLua = `
 local function adapted(k_gate)
   if redis.call('EXISTS', k_gate) == 1 then redis.call('HSET', k_gate, 'adapted', '1') end

@@ -630,6 +630,8 @@ end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
+  -- The core script reads costly_until only under the mark (see adaptedLua).
+  redis.call('HSET', k_gate, 'adapted', '1')
   counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now, k_gate, 'costly_until')
   if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, total_last, now, k_total, 'costly_until') end
 end
@@ -780,7 +782,7 @@ if tick - now > horizon then
   if a_high then field, prev = 'hdefer_at', st.hdefer_at end
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
   redis.call('HSET', k_gate, field, fmt(at))
-  if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval)) end
+  if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval), 'adapted', '1') end
   keep_alive(keys, math.max(at, last or 0) + a_keep, tonumber(st.kept) or 0, paused, a_keep, 0, now)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, at - now, reason, 0, 0, known}
@@ -1028,11 +1030,10 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
-		Span: (p.Limits[0].Window + guard).Microseconds(), Window: p.Limits[0].Window.Microseconds(),
-		Rate: float64(p.Limits[0].Rate), Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
-		Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
-		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server,
-		HeldKeep: heldKeep.Microseconds(), Count: len(reqs), Holders: holders.String(),
+		Keep: b.keep.Microseconds(), Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
+		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server, Holders: holders.String(),
+		Adapt:   fmt.Sprintf("%d|%d|%d", (p.Limits[0].Window + guard).Microseconds(), p.Limits[0].Window.Microseconds(), p.Limits[0].Rate),
+		Keeping: strconv.FormatInt(heldKeep.Microseconds(), 10) + "|" + b.member,
 	}
 }
 

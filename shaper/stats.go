@@ -105,7 +105,8 @@ var statsFields = []any{"granted", "deferred", "late", "pauses", "resets", "drop
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2...] the stats hash
 // fields to read (statsFields).
 // Returns a flat list of name, value pairs: "now", "last", "warm" (gate
-// hash), "paused_until", "pause_reason", "rate", "rate_source",
+// hash; "gm", "gc": the grants it has not folded into the stats hash yet,
+// see count_granted), "paused_until", "pause_reason", "rate", "rate_source",
 // "rate_reason", "guard", "guard_reason" (control hash), "in_flight", and
 // every field asked for; missing values
 // are left out, so Go tells them from zero.
@@ -119,7 +120,7 @@ local function put(key, fields)
     if vals[i] then out[#out + 1] = f; out[#out + 1] = vals[i] end
   end
 end
-put(KEYS[1], {'last', 'warm'})
+put(KEYS[1], {'last', 'warm', 'gm', 'gc'})
 put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason', 'guard', 'guard_reason'})
 local asked = {}
 for i = 2, #ARGV do asked[#asked + 1] = ARGV[i] end
@@ -131,19 +132,24 @@ return out
 // current clock minute and the previous one (slot m0/c0 and m1/c1 of
 // counter name), weighting the previous minute by the part of it still
 // inside the last 60 s.
-func lastMinute(nowUS int64, name string, num func(string) int64) int64 {
-	m := nowUS / 60_000_000
-	frac := float64(nowUS%60_000_000) / 60_000_000
-	var cur, prev int64
+func lastMinute(nowUS int64, name string, num func(string) int64) float64 {
+	var sum float64
 	for _, slot := range []string{"0", "1"} {
-		switch num(name + "_m" + slot) {
-		case m:
-			cur = num(name + "_c" + slot)
-		case m - 1:
-			prev = num(name + "_c" + slot)
-		}
+		sum += inLastMinute(nowUS, num(name+"_m"+slot)) * float64(num(name+"_c"+slot))
 	}
-	return cur + int64(float64(prev)*(1-frac)+0.5)
+	return sum
+}
+
+// inLastMinute is the part of clock minute m inside the 60 s before
+// nowUS: 1 for the current minute, the part left of the previous one.
+func inLastMinute(nowUS, m int64) float64 {
+	switch nowUS / 60_000_000 {
+	case m:
+		return 1
+	case m + 1:
+		return 1 - float64(nowUS%60_000_000)/60_000_000
+	}
+	return 0
 }
 
 // Stats reads the bucket's state.
@@ -179,8 +185,11 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		RateLimited:    counterTotal("rate_limited", num),
 		InFlight:       num("in_flight"),
 	}
-	st.GrantedLastMinute = lastMinute(now, "granted", num)
-	st.RateLimitedLastMinute = lastMinute(now, "rate_limited", num)
+	// With the grants the gate hash counts and has not folded into the
+	// stats hash yet (see count_granted).
+	st.Granted += num("gc")
+	st.GrantedLastMinute = int64(lastMinute(now, "granted", num) + inLastMinute(now, num("gm"))*float64(num("gc")) + 0.5)
+	st.RateLimitedLastMinute = int64(lastMinute(now, "rate_limited", num) + 0.5)
 	iv, burst := civ, cburst
 	st.Source, st.Guard = "configured", cguard
 	if b.policy.MeasureGuard && cguard != b.policy.Guard {
