@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-nginx test-race test-long bench bench-idle bench-learn lint fuzz faults ui-screenshot
+.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-idle bench-learn lint fuzz fuzz-short faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -75,12 +75,23 @@ test-race:
 LONG_PKGS := $(filter-out ./cmd/shaper/,$(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .))))
 UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor)'
 test-long:
-	@$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper > test-long-cli.txt 2>&1 & cli=$$!; \
-	echo "$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper (beside the next, its output below it)"; \
-	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(LONG_PKGS); race=$$?; \
+	@$(MAKE) --no-print-directory test-long-cli > test-long-cli.txt 2>&1 & cli=$$!; \
+	echo "make test-long-cli (beside the next, its output below it)"; \
+	$(MAKE) --no-print-directory test-long-race; race=$$?; \
 	wait $$cli; clirc=$$?; cat test-long-cli.txt; rm -f test-long-cli.txt; \
 	test $$race -eq 0 && test $$clirc -eq 0
-	$(GO) test -count=1 -p 1 -parallel 9 -timeout 10m -run $(UNRACED) ./queue
+	$(MAKE) --no-print-directory test-long-unraced
+
+# The three parts of make test-long, for CI to arrange (see .ci/run).
+# The unraced scenarios run all at once (-parallel 16): the strict-spacing
+# ones alone first (they are not parallel), then the rest side by side,
+# where they mostly wait on their vendors.
+test-long-cli:
+	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -run '^TestLong' ./cmd/shaper
+test-long-race:
+	$(GO) test -race -count=1 -p 1 -parallel 9 -timeout 30m -run '^TestLong' -skip $(UNRACED) $(LONG_PKGS)
+test-long-unraced:
+	$(GO) test -count=1 -p 1 -parallel 16 -timeout 10m -run $(UNRACED) ./queue
 
 # The gate's own speed (BenchmarkReserve) and Redis CPU per grant beside
 # redis_rate's GCRA (BenchmarkRedisCPU, redis-µs/grant), then the
@@ -122,6 +133,16 @@ lint:
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags browser ./cmd/shaper
 	$(STATICCHECK) -tags nginx ./internal/nginxtest
+
+# A short fuzz run of every parser, as CI runs it: a fixed number of
+# inputs (a time budget can end mid-input and fail with "context deadline
+# exceeded"), one worker each.
+fuzz-short:
+	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 50000x -parallel 1 ./config
+	$(GO) test -run '^$$' -fuzz FuzzParseCalls -fuzztime 50000x -parallel 1 ./queue
+	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 50000x -parallel 1 ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 50000x -parallel 1 ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 50000x -parallel 1 ./vendorclients
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config
