@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/ratelimit"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/recipes"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
@@ -98,7 +100,18 @@ func startGCRA(ctx context.Context, e *runEnv, burst int) (func(), error) {
 
 func (e *runEnv) shaperVendor() queue.Vendor {
 	return queue.Vendor{Endpoint: vendorclients.Endpoint{Name: e.name, BaseURL: e.vendorURL},
-		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: e.rate, Window: time.Second}}}, Concurrency: e.concurrency}
+		Policy: defaultPolicy(e.rate), Concurrency: e.concurrency}
+}
+
+// defaultPolicy is the policy of a vendor configured with its rate per
+// second and nothing else, as config.toml gives it.
+func defaultPolicy(rate int) shaper.Policy {
+	toml := fmt.Sprintf("[vendors.v]\nbase_url = \"http://127.0.0.1:1\"\nrate = %d\n", rate)
+	cfg, err := config.Parse("bench.toml", []byte(toml))
+	if err != nil {
+		panic(err) // the text above is the bench's own
+	}
+	return cfg.Vendors[0].Policy()
 }
 
 // warmShaper uses the run's vendor once, as a vendor in service has been:

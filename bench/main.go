@@ -63,6 +63,7 @@ func main() {
 	idleReplicas := flag.Int("idle-replicas", 3, "worker replicas for -idle")
 	idleWindow := flag.Duration("idle-window", 20*time.Second, "measuring window for -idle, after a 5s warm-up")
 	learnIn := flag.String("learn", "", "write the learning scenarios' rows from this go test -v output into docs/learning.md (make bench-learn)")
+	only := flag.String("only", "", "run only the approach with this key (e.g. shaper; printed, nothing written)")
 	learnCmd := flag.String("learn-command", "make bench-learn", "the command -learn's output came from, for the page")
 	flag.Parse()
 	if *learnIn != "" {
@@ -125,7 +126,7 @@ func main() {
 	for _, r := range ints(*rates) {
 		for _, n := range ints(*replicas) {
 			for _, a := range approaches {
-				if a.needsReplicas > n {
+				if a.needsReplicas > n || *only != "" && a.key != *only {
 					continue
 				}
 				res := run(addr, a, r, n, r**seconds, time.Duration(*capS)*time.Second)
@@ -135,6 +136,10 @@ func main() {
 				results = append(results, res)
 			}
 		}
+	}
+	if *only != "" {
+		fmt.Print(table(results))
+		return
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
