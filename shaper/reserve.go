@@ -432,17 +432,32 @@ local function earliest(l, u, iv, b, t, cost, charge)
   return math.max(t, e)
 end
 
--- logged(l, u, b, logt, k, span, t, cost): earliest for a bucket that
--- keeps the log of its last k ticks (in a group with a total): a new
--- tick comes at least span after the k-th last one, which keeps at most
--- k ticks in any window while letting a bucket the total pushed later
--- catch up.
-local function logged(l, u, b, logt, k, span, t, cost)
+-- logged(l, u, b, kth, span, t, cost): earliest for a bucket that
+-- keeps the log of its last k ticks (in a group with a total), whose
+-- k-th last tick is kth (nil: fewer): a new tick comes at least span
+-- after it, which keeps at most k ticks in any window while letting a
+-- bucket the total pushed later catch up.
+local function logged(l, u, b, kth, span, t, cost)
   if l ~= nil and t <= l and u + cost <= b then return l end
   local c = t
   if l ~= nil and c <= l then c = l + 1 end
-  if #logt >= k then c = math.max(c, logt[k] + span) end
+  if kth then c = math.max(c, kth + span) end
   return c
+end
+
+-- log_cut(log, k): the k-th tick of a log of ticks (newest first, comma
+-- separated; nil when it holds fewer), and its first k - 1 ticks as they
+-- are written: what the next tick's log keeps after it. Only the k-th
+-- tick is read as a number.
+local function log_cut(log, k)
+  local from = 1
+  for _ = 1, k - 1 do
+    local c = string.find(log, ',', from, true)
+    if not c then return nil, log end
+    from = c + 1
+  end
+  local c = string.find(log, ',', from, true)
+  return tonumber(string.sub(log, from, (c or 0) - 1)), string.sub(log, 1, math.max(from - 2, 0))
 end
 
 -- first_clear(key, from, to): the first clear bit of the bitmap at key
@@ -582,15 +597,23 @@ local tiv = a_total_interval
 
 -- 1. The tick: the widest live one (see widest), widened by adaptation
 -- and the fair share.
-local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
-local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
-  tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
-if wide_new then redis.call('HSET', k_gate, 'wide', wide_new) end
-if wide_at_new then redis.call('HSET', k_gate, 'wide_at', fmt(wide_at_new)) end
 -- Hash fields read by name at the read (false: not set).
+local st = {}
+st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept,
+  st.wide, st.wide_at, st.adapted, st.gm, st.gc = unpack(redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log',
+  'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept', 'wide', 'wide_at', 'adapted', 'gm', 'gc'))
+local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
+  tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
+if wide_new or wide_at_new then
+  redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new or tonumber(st.wide_at)))
+end
+-- The control hash is read under the gate hash's mark (see adaptedLua),
+-- and for a state made anew, which gets the mark again if it applies.
 local ctl = {}
-ctl.paused_until, ctl.rate, ctl.rate_source, ctl.guard, ctl.tol, ctl.pause_from = unpack(redis.call('HMGET', k_control,
-  'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'))
+if st.adapted or not st.last then
+  ctl.paused_until, ctl.rate, ctl.rate_source, ctl.guard, ctl.tol, ctl.pause_from = unpack(redis.call('HMGET', k_control,
+    'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'))
+end
 local rate
 local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
 interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
@@ -599,7 +622,7 @@ local lguard = tonumber(ctl.guard)
 -- The core script reads the control hash only while the gate hash says
 -- it shapes the bucket (see adaptedLua): say it again for a state made
 -- anew.
-if paused > now or ctl.rate or lguard or ctl.tol then redis.call('HSET', k_gate, 'adapted', '1') end
+if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
   fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now)
@@ -607,9 +630,6 @@ end
 
 -- 2. The state, and whether it was lost.
 local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
-local st = {}
-st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept = unpack(
-  redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept'))
 local last = tonumber(st.last)
 local n = tonumber(st.n) or 0
 local logs = st.log
@@ -740,9 +760,9 @@ local start = tick -- the earliest start the pause and the counters allow
 -- (logged), used while nothing (a lowered rate, a slower replica)
 -- widened the tick.
 local k = a_log_len
-local logt = {}
+local kth, head = nil, ''
 if k > 0 and interval == tonumber(a_interval) and burst == tonumber(a_burst) then
-  for x in string.gmatch(logs or '', '%d+') do logt[#logt + 1] = tonumber(x) end
+  kth, head = log_cut(logs or '', k)
 else
   k = 0
 end
@@ -760,7 +780,7 @@ local horizon = a_horizon
 if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
 for _ = 1, 8 do
   local a
-  if k > 0 then a = logged(last, n, burst, logt, k, a_span, tick, a_cost)
+  if k > 0 then a = logged(last, n, burst, kth, a_span, tick, a_cost)
   else a = earliest(last, n, interval, burst, tick, a_cost, charge) end
   local b = a
   if tiv > 0 and a_ring > 0 then
@@ -801,22 +821,18 @@ if a_max_in_flight > 0 then
 end
 
 -- 9. Grant: the bucket's state, the total's, the counters, the ticks list.
+local log = nil -- the log after this tick (nil: as it was)
 if tick == last then
   n = n + a_cost
 else
   n = a_cost
-  if k > 0 then
-    table.insert(logt, 1, tick)
-    while #logt > k do table.remove(logt) end
-  end
+  if k > 0 and head ~= '' then log = fmt(tick) .. ',' .. head elseif k > 0 then log = fmt(tick) end
 end
-local fields = {'last', fmt(tick), 'n', n, 'vt', fmt(vt or tick), 'run', runid}
-if k > 0 then
-  local parts = {}
-  for i, x in ipairs(logt) do parts[i] = fmt(x) end
-  fields[#fields + 1] = 'log'
-  fields[#fields + 1] = table.concat(parts, ',')
-end
+local m = math.floor(now / 60000000)
+local gm = tonumber(st.gm)
+local fields = {'last', fmt(tick), 'n', n, 'vt', fmt(vt or tick), 'run', runid, 'gm', fmt(m),
+  'gc', fmt(count_granted(k_stats, 1, m, gm, tonumber(st.gc) or 0))}
+if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if a_tick_log > 0 then log_ticks(k_ticks, {fmt(tick)}, a_tick_log, a_keep, now) end
@@ -836,7 +852,6 @@ if tiv > 0 then
   for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
   if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
 end
-count(k_stats, 'granted', now)
 return {GRANTED, tick - now, 0, tick, tonumber(ctl.tol) or 0, known}
 `
 
