@@ -313,10 +313,18 @@ end
 
 -- fair_pace: the fair share of the group's total among its buckets with
 -- waiting callers (max-min: water-filling), recomputed at most every
--- 250 ms, as µs per call (0: the total does not bind).
-local function fair_pace(k_total, k_asking, k_rates, member, own_s, total_rate, total_span, horizon, keep, interval, now)
-  redis.call('ZADD', k_asking, now + 2 * math.max(interval, horizon), member)
-  redis.call('HSET', k_rates, member, own_s)
+-- 250 ms, as µs per call (0: the total does not bind). asked holds the
+-- gate hash (key) and when and at what rate the bucket last said it was
+-- asking (at, rate).
+local function fair_pace(k_total, k_asking, k_rates, member, own_s, total_rate, total_span, horizon, keep, interval, now, asked)
+  -- The bucket says it is asking (and at what rate) once per half of what
+  -- it is counted for, not on every call: its gate hash keeps when.
+  local span = math.max(interval, horizon)
+  if asked.rate ~= own_s or now - (tonumber(asked.at) or 0) >= span / 2 then
+    redis.call('ZADD', k_asking, now + 2 * span, member)
+    redis.call('HSET', k_rates, member, own_s)
+    redis.call('HSET', asked.key, 'asked_at', fmt(now), 'asked_rate', own_s)
+  end
   local sh = redis.call('HMGET', k_total, 'share', 'share_at')
   local share = tonumber(sh[1])
   if share == nil or now - (tonumber(sh[2]) or 0) > 250000 then
@@ -600,8 +608,9 @@ local tiv = a_total_interval
 -- Hash fields read by name at the read (false: not set).
 local st = {}
 st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept,
-  st.wide, st.wide_at, st.adapted, st.gm, st.gc = unpack(redis.call('HMGET', k_gate, 'last', 'n', 'defer_at', 'vt', 'log',
-  'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept', 'wide', 'wide_at', 'adapted', 'gm', 'gc'))
+  st.wide, st.wide_at, st.adapted, st.gm, st.gc, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'last', 'n',
+  'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept', 'wide', 'wide_at', 'adapted',
+  'gm', 'gc', 'asked_at', 'asked_rate'))
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
 if wide_new or wide_at_new then
@@ -625,7 +634,8 @@ local lguard = tonumber(ctl.guard)
 if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
-  fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now)
+  fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now,
+    {key = k_gate, at = st.asked_at, rate = st.asked_rate})
 end
 
 -- 2. The state, and whether it was lost.
@@ -642,9 +652,11 @@ local reason = BEYOND_HORIZON
 local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
 local total_costly, total_last = 0, nil
+local ts = {} -- the total's hash, read by name
 if tiv > 0 then
-  local tc = redis.call('HMGET', k_total, 'costly_until', 'last')
-  total_costly, total_last = tonumber(tc[1]) or 0, tonumber(tc[2])
+  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept = unpack(redis.call('HMGET', k_total,
+    'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept'))
+  total_costly, total_last = tonumber(ts.costly_until) or 0, tonumber(ts.last)
   totals = counters_in_use(parse_limits(a_total_limits), a_cost > 1 or total_costly > now)
 end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
@@ -703,11 +715,10 @@ end
 -- bucket's own ticks.
 local tlast, tn, blocked = nil, 0, 0
 if tiv > 0 then
-  local ts = redis.call('HMGET', k_total, 'last', 'n', 'cleared', 'blocked', 'run')
-  tlast = tonumber(ts[1])
-  tn = tonumber(ts[2]) or 0
-  blocked = tonumber(ts[4]) or 0
-  local stale = runid ~= '' and (ts[5] or '') ~= runid and (tlast ~= nil or switched)
+  tlast = tonumber(ts.last)
+  tn = tonumber(ts.n) or 0
+  blocked = tonumber(ts.blocked) or 0
+  local stale = runid ~= '' and (ts.run or '') ~= runid and (tlast ~= nil or switched)
   if not epoch or stale then
     -- Lost with the group, or a stale copy: the total's ticks reach at
     -- most now + horizon.
@@ -721,9 +732,14 @@ if tiv > 0 then
     end
   end
   if a_ring > 0 then
-    if redis.call('EXISTS', k_slots) == 0 then redis.call('SETBIT', k_slots, a_ring - 1, 0) end
+    if redis.call('EXISTS', k_slots) == 0 then
+      -- A new ring expires as the total does: at once, since grants
+      -- extend it only as their ticks pass the total's 'kept'.
+      redis.call('SETBIT', k_slots, a_ring - 1, 0)
+      extend(k_slots, math.max(tonumber(ts.kept) or 0, now + a_keep), now)
+    end
     local cur = math.floor(now / tiv)
-    local cleared = tonumber(ts[3]) or (cur - 1)
+    local cleared = tonumber(ts.cleared) or (cur - 1)
     if cur - 1 - cleared >= a_ring then cleared = cur - 1 - a_ring end
     for j = cleared + 1, cur - 1 do redis.call('SETBIT', k_slots, j % a_ring, 0) end
     redis.call('HSET', k_total, 'cleared', fmt(cur - 1))
@@ -843,11 +859,20 @@ for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) e
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
   if tick == tlast then tn = tn + 1 else tn = 1 end
-  redis.call('HSET', k_total, 'last', fmt(math.max(tick, tlast or 0)), 'n', tn, 'run', runid)
-  extend(k_total, tick + a_keep, now)
-  if a_ring > 0 then
-    redis.call('SETBIT', k_slots, math.floor(tick / tiv) % a_ring, 1)
-    extend(k_slots, tick + a_keep, now)
+  local tset = {'last', fmt(math.max(tick, tlast or 0)), 'n', tn, 'run', runid}
+  -- The total's keys outlive the tick by keep: extended a little further
+  -- (a quarter of keep, at most a second) once the tick passes what they
+  -- were last extended to (its 'kept'), as the bucket's keys are.
+  local tkept = tonumber(ts.kept) or 0
+  if tick + a_keep > tkept then
+    tkept = tick + a_keep + math.min(1000000, math.floor(a_keep / 4))
+    put(tset, 'kept', fmt(tkept))
+  end
+  redis.call('HSET', k_total, unpack(tset))
+  if a_ring > 0 then redis.call('SETBIT', k_slots, math.floor(tick / tiv) % a_ring, 1) end
+  if tkept ~= (tonumber(ts.kept) or 0) then
+    extend(k_total, tkept, now)
+    if a_ring > 0 then extend(k_slots, tkept, now) end
   end
   for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
   if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
