@@ -98,15 +98,15 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 var lowerScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
 extend(KEYS[1], now + tonumber(ARGV[7]), now)
-local c = redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo')
+local rate, last_decrease, lo = unpack(redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo'))
 redis.call('HSET', KEYS[1], 'last_throttle', string.format('%d', now))
-local cur = tonumber(c[1]) or tonumber(ARGV[2])
-if now - (tonumber(c[2]) or 0) < tonumber(ARGV[5]) then
+local cur = tonumber(rate) or tonumber(ARGV[2])
+if now - (tonumber(last_decrease) or 0) < tonumber(ARGV[5]) then
   return tostring(cur)
 end
 local new = math.max(cur * tonumber(ARGV[3]), tonumber(ARGV[4]))
 adapted(KEYS[2])
-local lo = tonumber(c[3])
+lo = tonumber(lo)
 if lo and lo < cur and lo > new then
   new = lo
 elseif lo then
@@ -176,13 +176,14 @@ func (b *Bucket) raiseArgs() raiseArgs {
 // bucket's own traffic, without a process polling it.
 const raiseLua = `
 local function raise_rate(key, now, r)
-  local c = redis.call('HMGET', key, 'rate', 'last_change', 'last_throttle', 'hi', 'rate_source', 'est_hi')
-  local cur = tonumber(c[1])
-  if not cur or c[5] ~= 'learned' then return nil end
-  local sinceThrottle = now - (tonumber(c[3]) or 0)
-  local est = tonumber(c[6])
+  local rate, last_change, last_throttle, hi, rate_source, est_hi = unpack(redis.call('HMGET', key,
+    'rate', 'last_change', 'last_throttle', 'hi', 'rate_source', 'est_hi'))
+  local cur = tonumber(rate)
+  if not cur or rate_source ~= 'learned' then return nil end
+  local sinceThrottle = now - (tonumber(last_throttle) or 0)
+  local est = tonumber(est_hi)
   if est and est > cur then
-    if now - (tonumber(c[2]) or 0) < r.recheck or sinceThrottle < r.recheck then return nil end
+    if now - (tonumber(last_change) or 0) < r.recheck or sinceThrottle < r.recheck then return nil end
     local new = math.min(math.max(cur + r.step, (cur + est) / 2), est)
     if est - new < 1 then new = est end
     if new >= est then redis.call('HDEL', key, 'est_hi') end
@@ -191,9 +192,9 @@ local function raise_rate(key, now, r)
       'rate_reason', string.format('probing toward %.4g, the largest limit consistent with what the vendor did', est))
     return new
   end
-  if now - (tonumber(c[2]) or 0) < r.quiet or sinceThrottle < r.quiet then return nil end
+  if now - (tonumber(last_change) or 0) < r.quiet or sinceThrottle < r.quiet then return nil end
   local new = cur + r.step
-  if sinceThrottle < r.probe then new = math.min(new, (tonumber(c[4]) or r.cfg) * r.ceiling) end
+  if sinceThrottle < r.probe then new = math.min(new, (tonumber(hi) or r.cfg) * r.ceiling) end
   if new <= cur then
     redis.call('HSET', key, 'lo', tostring(cur), 'last_change', string.format('%d', now))
     return nil

@@ -124,19 +124,20 @@ if a_tick_s ~= '0' then
 end
 redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
-local c = redis.call('HMGET', k_control, 'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at')
+local last_decrease, lesson, rate, guard, lo, lesson_tick, probe_at = unpack(redis.call('HMGET', k_control,
+  'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at'))
 -- last_decrease: when the last lesson was written (applyLua).
 local mode = 1
-if now - (tonumber(c[1]) or 0) < a_cooldown then
-  if c[2] == 'rate' then
+if now - (tonumber(last_decrease) or 0) < a_cooldown then
+  if lesson == 'rate' then
     local left = 0
     if a_pause > 0 then left = pause(k_control, k_gate, k_stats, now, a_pause, a_pause_reason, a_channel, a_bucket, a_keep) end
-    return {0, c[2], left}
+    return {0, lesson, left}
   end
-  if c[2] == 'margin' then mode = 2 end
+  if lesson == 'margin' then mode = 2 end
 end
-return {mode, c[2] or '', c[3] or '', c[4] or '', c[5] or '', redis.call('LRANGE', k_ticks, 0, -1),
-  redis.call('LRANGE', k_limited, 0, -1), c[6] or '', c[7] or ''}
+return {mode, lesson or '', rate or '', guard or '', lo or '', redis.call('LRANGE', k_ticks, 0, -1),
+  redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or ''}
 `
 
 var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + refusedLua)

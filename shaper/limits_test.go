@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +39,29 @@ func TestScriptBindings(t *testing.T) {
 		}
 		if m := regexp.MustCompile(`reason(, \w+)* = (\w+, )*\d`).FindString(body); m != "" {
 			t.Errorf("the %s script sets a bare defer reason (%q): use the names of codesLua", name, m)
+		}
+	}
+	// Hash fields are read by name: an HMGET of named fields is unpacked
+	// into locals named beside it, never indexed by position far from the
+	// read (an HMGET of a list built at run time pairs names and values in
+	// its loop).
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hmget := regexp.MustCompile(`(unpack\()?redis\.call\('HMGET', [^)]*\)`)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range hmget.FindAllStringSubmatch(string(src), -1) {
+			if m[1] == "" && !strings.Contains(m[0], "unpack(") {
+				t.Errorf("%s: %s reads fields by position: unpack it into named locals", f, m[0])
+			}
 		}
 	}
 	for _, sc := range []struct {

@@ -37,8 +37,8 @@ if tonumber(ARGV[8]) > 0 then
     pace = math.max(pace, math.ceil(tonumber(ARGV[8]) / share))
   end
 end
-local st = redis.call('HMGET', KEYS[1], 'plan', 'last')
-local first = math.max(now, tonumber(st[1]) or 0, (tonumber(st[2]) or 0) + pace)
+local plan, last = unpack(redis.call('HMGET', KEYS[1], 'plan', 'last'))
+local first = math.max(now, tonumber(plan) or 0, (tonumber(last) or 0) + pace)
 local untilv = first + n * pace
 redis.call('HSET', KEYS[1], 'plan', string.format('%d', untilv))
 extend(KEYS[1], untilv + tonumber(ARGV[6]), now)

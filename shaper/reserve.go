@@ -139,11 +139,11 @@ end
 -- counter_load(key, c, now, write) reads counter c and drops the slots no
 -- window ending at or after now holds (when write is true).
 local function counter_load(key, c, now, write)
-  local f = redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top', c.id .. ':fill')
-  c.sum = tonumber(f[1]) or 0
-  c.top = tonumber(f[3])
-  c.fill = tonumber(f[4]) or 0
-  local low = tonumber(f[2])
+  local sum, low, top, fill = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top', c.id .. ':fill'))
+  c.sum = tonumber(sum) or 0
+  c.top = tonumber(top)
+  c.fill = tonumber(fill) or 0
+  low = tonumber(low)
   local j0 = math.floor((now - c.span) / c.slot)
   c.low = j0
   if low == nil or c.top == nil then c.sum = 0 return end
@@ -325,9 +325,9 @@ local function fair_pace(k_total, k_asking, k_rates, member, own_s, total_rate, 
     redis.call('HSET', k_rates, member, own_s)
     redis.call('HSET', asked.key, 'asked_at', fmt(now), 'asked_rate', own_s)
   end
-  local sh = redis.call('HMGET', k_total, 'share', 'share_at')
-  local share = tonumber(sh[1])
-  if share == nil or now - (tonumber(sh[2]) or 0) > 250000 then
+  local share, share_at = unpack(redis.call('HMGET', k_total, 'share', 'share_at'))
+  share = tonumber(share)
+  if share == nil or now - (tonumber(share_at) or 0) > 250000 then
     local gone = redis.call('ZRANGEBYSCORE', k_asking, '-inf', now, 'LIMIT', 0, 1000)
     for i = 1, #gone, 500 do
       redis.call('HDEL', k_rates, unpack(gone, i, math.min(i + 499, #gone)))
