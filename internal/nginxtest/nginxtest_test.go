@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,17 +41,24 @@ func TestMissingFails(t *testing.T) {
 	}
 }
 
+// TestBinarySearchesSbin: nginx off PATH is found where Debian installs
+// it (searchPath), and its absence is an error naming where it looked. A
+// stand-in executable plays nginx: the test needs no nginx.
 func TestBinarySearchesSbin(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	bin, err := binary()
-	if _, statErr := os.Stat("/usr/sbin/nginx"); statErr != nil {
-		if err == nil {
-			t.Fatalf("found %s without /usr/sbin/nginx", bin)
-		}
-		t.Skip("no /usr/sbin/nginx")
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "nginx")
+	saved := searchPath
+	t.Cleanup(func() { searchPath = saved })
+	searchPath = []string{filepath.Join(dir, "missing", "nginx"), fake}
+	if bin, err := binary(); err == nil || !strings.Contains(err.Error(), fake) {
+		t.Fatalf("binary() = %q, %v with nothing installed; want an error naming %s", bin, err, fake)
 	}
-	if err != nil || bin != "/usr/sbin/nginx" {
-		t.Fatalf("binary() = %q, %v with an empty PATH; want /usr/sbin/nginx", bin, err)
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if bin, err := binary(); err != nil || bin != fake {
+		t.Fatalf("binary() = %q, %v with an empty PATH; want %s", bin, err, fake)
 	}
 	if _, err := exec.LookPath("nginx"); err == nil {
 		t.Fatal("PATH was not emptied")
