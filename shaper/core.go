@@ -100,11 +100,9 @@ end
 local function fold_granted(key, gm, c, m)
   if gm < m - 1 then
     redis.call('HINCRBY', key, 'granted', fmt(c))
-    return
+  else
+    count_in(key, 'granted', gm, c)
   end
-  local slot = tostring(gm % 2)
-  roll(key, 'granted', slot, gm)
-  redis.call('HINCRBY', key, 'granted_c' .. slot, fmt(c))
 end
 
 -- count_granted(key, k, m, gm, gc): the bucket's count of grants in
@@ -112,7 +110,8 @@ end
 -- gm). The gate hash counts a minute's grants and folds them into the
 -- group's stats hash key (see minuteCounterLua) once they reach
 -- ` + grantFoldLua + ` or the minute changes, so that most grants write no stats; Stats
--- adds what the gate hash holds to what the stats hash does.
+-- adds what the gate hash holds to what the stats hash does. A gate hash
+-- that expires after idle takes the count it had not folded with it.
 local function count_granted(key, k, m, gm, gc)
   if gm ~= m then
     if gm and gc > 0 then fold_granted(key, gm, gc, m) end
@@ -251,6 +250,8 @@ if a_holders ~= '\n' then
   holders = {}
   for h in string.gmatch(a_holders, '([^\n]*)\n') do holders[#holders + 1] = h end
 end
+local replica = nil -- the caller's, for the held record (from mine)
+if a_holders ~= '\n' then replica = string.match(a_mine, '^%d+|%d+|(.*)$') end
 local out, ticks, held = nil, {}, {}
 local pace, at = math.floor(interval / burst), 0
 local from, deferred = math.max(now, paused), 0
@@ -267,7 +268,7 @@ for i = 1, #holders do
     if tick == last then n = n + 1 else n = 1 end
     last = tick
     ticks[#ticks + 1] = fmt(tick)
-    if holders[i] ~= '' then put(held, ticks[#ticks], string.match(a_mine, '^%d+|%d+|(.*)$') .. '|' .. holders[i]) end
+    if holders[i] ~= '' then put(held, ticks[#ticks], replica .. '|' .. holders[i]) end
   end
   local wait = tick - now
   if code == DEFERRED then wait = at - now end

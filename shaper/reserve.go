@@ -613,9 +613,7 @@ st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until
   'gm', 'gc', 'asked_at', 'asked_rate'))
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
-if wide_new or wide_at_new then
-  redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new or tonumber(st.wide_at)))
-end
+if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new)) end
 -- The control hash is read under the gate hash's mark (see adaptedLua),
 -- and for a state made anew, which gets the mark again if it applies.
 local ctl = {}

@@ -17,14 +17,13 @@ import (
 // name + name_c0 + name_c1 (see counterTotal).
 const minuteCounterLua = rollLua + `
 local function count(key, name, now)
-  local m = math.floor(now / 60000000)
-  local slot = tostring(m % 2)
-  roll(key, name, slot, m)
-  redis.call('HINCRBY', key, name .. '_c' .. slot, 1)
+  count_in(key, name, math.floor(now / 60000000), 1)
 end
 `
 
-// rollLua defines roll(key, name, slot, m) of minuteCounterLua alone.
+// rollLua defines roll(key, name, slot, m) of minuteCounterLua, and
+// count_in(key, name, m, k): k more of counter name in clock minute m
+// (not older than the slot's).
 const rollLua = `
 local function roll(key, name, slot, m)
   local held, c = unpack(redis.call('HMGET', key, name .. '_m' .. slot, name .. '_c' .. slot))
@@ -32,6 +31,11 @@ local function roll(key, name, slot, m)
   c = tonumber(c) or 0
   if c > 0 then redis.call('HINCRBY', key, name, c) end
   redis.call('HSET', key, name .. '_m' .. slot, string.format('%d', m), name .. '_c' .. slot, 0)
+end
+local function count_in(key, name, m, k)
+  local slot = tostring(m % 2)
+  roll(key, name, slot, m)
+  redis.call('HINCRBY', key, name .. '_c' .. slot, string.format('%d', k))
 end
 `
 
