@@ -15,9 +15,10 @@ type Permit struct {
 	Tick time.Time
 	Late time.Duration
 
-	bucket *Bucket
-	lease  string
-	at     int64 // the tick in Redis time (µs)
+	bucket  *Bucket
+	lease   string
+	at      int64     // the tick in Redis time (µs)
+	granted time.Time // local time it was handed out, checked against pauses
 }
 
 // Release frees the permit's in-flight slot when the bucket has a

@@ -41,9 +41,10 @@ type Gate struct {
 	active  map[string]*local // buckets with callers in this process
 	handles atomic.Uint64     // bucket handles made, to order them
 
-	testNow       func() int64    // tests: Redis time (µs) for the scripts; nil: Redis TIME
-	testWatchedUp func()          // tests: called when Watch's subscription is confirmed
-	testScript    func(core bool) // tests: called with each reserve script run (core or full)
+	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
+	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed
+	testScript     func(core bool)                      // tests: called with each reserve script run (core or full)
+	testNotedPause func(bucket string, until time.Time) // tests: called, under mu, when a pause is noted for waiting callers
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb; it adds a

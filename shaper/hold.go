@@ -213,6 +213,6 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			}
 			return nil, nil
 		}
-		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick}, nil
+		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick, granted: now}, nil
 	}
 }

@@ -57,6 +57,9 @@ func (g *Gate) notePause(bucket string, until time.Time) {
 	defer g.mu.Unlock()
 	if l, ok := g.active[bucket]; ok && until.After(l.pausedUntil) {
 		l.pausedUntil = until
+		if g.testNotedPause != nil {
+			g.testNotedPause(bucket, until)
+		}
 	}
 }
 

@@ -88,11 +88,12 @@ func TestOwnRedisStaleCopy(t *testing.T) {
 				for range 16 {
 					wg.Go(func() {
 						for time.Now().Before(until) {
-							if _, err := bk.Acquire(ctx); err != nil {
+							permit, err := bk.Acquire(ctx)
+							if err != nil {
 								t.Error(err)
 								return
 							}
-							rec.add(time.Now())
+							rec.add(permit.granted)
 						}
 					})
 				}
