@@ -43,7 +43,7 @@ const nowFromLua = `
 local function now_from(override)
   if override and override > 0 then return override end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2] -- strings made numbers by the arithmetic
 end
 `
 

@@ -1,10 +1,6 @@
 package shaper
 
-import (
-	"fmt"
-
-	"github.com/redis/go-redis/v9"
-)
+import "fmt"
 
 // Reply codes of the reserve scripts (the first element of their reply),
 // shared with Go: the scripts name them through codesLua, made from these
@@ -25,6 +21,32 @@ local NO_SERVER = '%s'
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
 local function fmt(x) return string.format('%d', x) end
+`
+
+// lineFieldLua defines read_line, line_of and run_of: how a gate hash
+// keeps its line and the server it was written on, for every script that
+// reads or writes them.
+const lineFieldLua = `
+-- read_line(line): the gate hash's 'line', "last|n|gm|gc", as numbers:
+-- the last reserved tick (µs), the calls granted on it, and the grants of
+-- clock minute gm not yet folded into the stats hash (gc, see
+-- count_granted); nil, 0, nil, 0 for none. One field read and written
+-- whole on every grant, where four cost four times the hash's work.
+local function read_line(line)
+  if not line then return nil, 0, nil, 0 end
+  local last, n, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)$')
+  return last + 0, n + 0, gm + 0, gc + 0
+end
+
+-- line_of(last, n, gm, gc): the 'line' of those (see read_line).
+local function line_of(last, n, gm, gc) return string.format('%d|%d|%d|%d', last, n, gm, gc) end
+
+-- run_of(runid): the 'run' a gate hash records, the run_id of the server
+-- it was written on, tagged with the layout of its line. A version that
+-- kept 'last' and 'n' as fields of their own takes a state of this one
+-- for a stale copy, as this one takes its: during a rolling upgrade each
+-- switch between them costs a horizon, and the two never grant at once.
+local function run_of(runid) return 'line:' .. runid end
 `
 
 // lineLua defines the pieces of a bucket's line of ticks that the core
@@ -170,7 +192,7 @@ func (a coreArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Holders, a.Adapt, a.Keeping}
 }
 
-// coreScript reserves the next ticks of count calls of the common bucket,
+// coreFunction reserves the next ticks of count calls of the common bucket,
 // in their order, as count calls one after the other would: one limit, no
 // total, no in-flight cap, no warm-up, calls of one unit in the normal
 // lane. What it cannot decide alone it hands to the full
@@ -183,8 +205,9 @@ func (a coreArgs) argv() []any {
 //
 // Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
 // policy's)} for the first call, as the full script (see reserveScript),
-// then {code, wait, reason, tick} for each other call of the batch.
-var coreScript = redis.NewScript(codesLua + fmtLua + nowFromLua + extendLua + rollLua + spacingLua + lineLua + coreLua)
+// then {code, wait, reason, tick} for each other call of the batch. It
+// runs as a Redis function where the server has them (see functions.go).
+var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua, coreLua)
 
 const coreLua = `
 local k_gate = KEYS[1]
@@ -193,26 +216,29 @@ local k_stats = KEYS[3]
 local k_ticks = KEYS[4]
 local k_expiry = KEYS[5]
 local k_held = KEYS[6]
-local a_now = tonumber(ARGV[1])
-local a_interval = tonumber(ARGV[2])
-local a_burst = tonumber(ARGV[3])
-local a_horizon = tonumber(ARGV[4])
-local a_keep = tonumber(ARGV[5])
+-- x + 0 makes a number of a string with one strtod, where tonumber(x)
+-- makes two: this script reads a dozen numbers on every grant.
+local a_now = ARGV[1] + 0
+local a_interval = ARGV[2] + 0
+local a_burst = ARGV[3] + 0
+local a_horizon = ARGV[4] + 0
+local a_keep = ARGV[5] + 0
 local a_mine = ARGV[6]
-local a_live = tonumber(ARGV[7])
-local a_tick_log = tonumber(ARGV[8])
+local a_live = ARGV[7] + 0
+local a_tick_log = ARGV[8] + 0
 local a_server = ARGV[9]
 local a_holders = ARGV[10]
 local a_adapt = ARGV[11]
 local a_keeping = ARGV[12]
 
 local now = now_from(a_now)
-local last, n, defer_at, run, wide, wide_at, kept, gm, gc, adapted = unpack(redis.call('HMGET', k_gate,
-  'last', 'n', 'defer_at', 'run', 'wide', 'wide_at', 'kept', 'gm', 'gc', 'adapted'))
-last, n, kept, gm, gc = tonumber(last), tonumber(n) or 0, tonumber(kept) or 0, tonumber(gm), tonumber(gc) or 0
+local line, run, wide, wide_at, kept, adapted = unpack(redis.call('HMGET', k_gate,
+  'line', 'run', 'wide', 'wide_at', 'kept', 'adapted'))
 local server = a_server
 if server == NO_SERVER then server = '' end
-if a_server == '' or last == nil or run ~= server then return {USE_FULL} end
+if a_server == '' or not line or run ~= run_of(server) then return {USE_FULL} end
+local last, n, gm, gc = read_line(line)
+kept = tonumber(kept) or 0
 
 -- The tick: the widest live one, widened by what adaptation set (a rate
 -- set or announced, a guard learned from refusals), read only when the
@@ -244,7 +270,8 @@ if hi_until > now then
 end
 
 -- Each call in turn: the next tick on the line, or beyond the horizon a
--- moment to come back, one tick after the last deferred caller's.
+-- moment to come back, one tick after the last deferred caller's (read
+-- only then).
 local holders = {''}
 if a_holders ~= '\n' then
   holders = {}
@@ -259,7 +286,7 @@ for i = 1, #holders do
   local tick, code, why = from, GRANTED, 0
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
   if tick - now > a_horizon then
-    if deferred == 0 then at = tonumber(defer_at) or 0 end
+    if deferred == 0 then at = tonumber(redis.call('HGET', k_gate, 'defer_at')) or 0 end
     at = math.max(tick - a_horizon, at + pace)
     deferred = deferred + 1
     code, why, tick = DEFERRED, BEYOND_HORIZON, 0
@@ -275,16 +302,14 @@ for i = 1, #holders do
   if out == nil then out = {code, wait, why, tick, tol} else put(out, code, wait, why, tick) end
 end
 
+-- The line and the widest tick, in one HSET; the ticks list; the held
+-- record; the keys' expiry once the line passes what they were extended to.
 local m = math.floor(now / 60000000)
 local set = {}
-if #ticks > 0 then put(set, 'last', ticks[#ticks], 'n', fmt(n)) end
+if #ticks > 0 then put(set, 'line', line_of(last, n, m, count_granted(k_stats, #ticks, m, gm, gc))) end
 if wide_new then put(set, 'wide', wide_new) end
 if wide_at_new then put(set, 'wide_at', fmt(wide_at_new)) end
 if deferred > 0 then put(set, 'defer_at', fmt(at)) end
-if #ticks > 0 then
-  if m ~= gm then put(set, 'gm', fmt(m)) end
-  put(set, 'gc', fmt(count_granted(k_stats, #ticks, m, gm, gc)))
-end
 if #set > 0 then redis.call('HSET', k_gate, unpack(set)) end
 if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
 if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end

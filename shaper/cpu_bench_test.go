@@ -15,12 +15,13 @@ import (
 )
 
 // BenchmarkRedisCPU measures what one grant costs Redis: the
-// usec_per_call of EVALSHA in INFO commandstats while only the gate runs
+// usec_per_call of EVALSHA and FCALL (the core runs as a function, see
+// functions.go) in INFO commandstats while only the gate runs
 // (one caller, a rate so high that nothing is deferred), beside
 // redis_rate's GCRA script (Allow) on the same Redis, and the Redis
 // commands the scripts run per grant (cmds/grant, every command but
-// EVALSHA in commandstats). This, not the client's round trip, bounds how
-// many calls one Redis can shape. The cases:
+// EVALSHA and FCALL in commandstats). This, not the client's round
+// trip, bounds how many calls one Redis can shape. The cases:
 //
 //   - common: one limit, no total, one lane (the core script);
 //   - common-held: the same with a holder recorded, as the queue's calls
@@ -132,13 +133,15 @@ func BenchmarkRedisCPU(b *testing.B) {
 				}
 			}
 			st := commandStats(b, rdb)
-			ev := st["evalsha"]
-			if ev.calls < int64(n) {
-				b.Fatalf("%s: commandstats counted %d evalsha calls for %d grants", c.name, ev.calls, n)
+			ev, fc := st["evalsha"], st["fcall"]
+			if ev.calls+fc.calls < int64(n) {
+				b.Fatalf("%s: commandstats counted %d evalsha and %d fcall calls for %d grants", c.name, ev.calls, fc.calls, n)
 			}
-			usec[k] += ev.usecPerCall * float64(ev.calls)
+			usec[k] += ev.usecPerCall*float64(ev.calls) + fc.usecPerCall*float64(fc.calls)
 			for name, cs := range st {
-				if name != "evalsha" && name != "config|resetstat" && name != "info" {
+				switch name {
+				case "evalsha", "fcall", "function|load", "config|resetstat", "info":
+				default:
 					cmds[k] += cs.calls
 				}
 			}
@@ -195,8 +198,9 @@ func commandStats(b *testing.B, rdb *redis.Client) map[string]commandStat {
 		}
 		out[name] = st
 	}
-	if _, ok := out["evalsha"]; !ok {
-		b.Fatalf("no evalsha in INFO commandstats:\n%s", info)
+	_, ev := out["evalsha"]
+	if _, fc := out["fcall"]; !ev && !fc {
+		b.Fatalf("no evalsha or fcall in INFO commandstats:\n%s", info)
 	}
 	return out
 }

@@ -36,10 +36,11 @@ type Gate struct {
 	clock   Clock
 	replica string
 
-	srv     servers // the run_ids of the servers its groups live on (server.go)
-	mu      sync.Mutex
-	active  map[string]*local // buckets with callers in this process
-	handles atomic.Uint64     // bucket handles made, to order them
+	srv         servers // the run_ids of the servers its groups live on (server.go)
+	mu          sync.Mutex
+	active      map[string]*local // buckets with callers in this process
+	handles     atomic.Uint64     // bucket handles made, to order them
+	noFunctions atomic.Bool       // the server has no Redis Functions for us: run scripts (functions.go)
 
 	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed

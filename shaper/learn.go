@@ -206,7 +206,7 @@ if taught == 1 and a_respace then respaced = respace(k_gate, now, a_slack, a_res
 return {taught, left, respaced}
 `
 
-var applyScript = redis.NewScript(nowLua + extendLua + pauseLua + respaceLua + applyLua)
+var applyScript = redis.NewScript(nowLua + extendLua + pauseLua + lineFieldLua + respaceLua + applyLua)
 
 // Refused judges a rate-limited answer that announced no limit, to the
 // call of permit p (nil: unknown), and applies the judgement for every

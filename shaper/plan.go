@@ -22,7 +22,7 @@ import (
 // bucket's name in its group, ARGV[8] total window + guard (µs; 0: no
 // total), ARGV[9] the bucket's own rate per total window.
 // Returns {first (µs from now), pace (µs)}.
-var planScript = redis.NewScript(nowLua + spacingLua + extendLua + `
+var planScript = redis.NewScript(nowLua + spacingLua + extendLua + lineFieldLua + `
 local now = now_us()
 local n = tonumber(ARGV[2])
 local pace = tonumber(ARGV[3])
@@ -37,8 +37,9 @@ if tonumber(ARGV[8]) > 0 then
     pace = math.max(pace, math.ceil(tonumber(ARGV[8]) / share))
   end
 end
-local plan, last = unpack(redis.call('HMGET', KEYS[1], 'plan', 'last'))
-local first = math.max(now, tonumber(plan) or 0, (tonumber(last) or 0) + pace)
+local plan, line = unpack(redis.call('HMGET', KEYS[1], 'plan', 'line'))
+local last = read_line(line)
+local first = math.max(now, tonumber(plan) or 0, (last or 0) + pace)
 local untilv = first + n * pace
 redis.call('HSET', KEYS[1], 'plan', string.format('%d', untilv))
 extend(KEYS[1], untilv + tonumber(ARGV[6]), now)

@@ -277,7 +277,7 @@ func (a reserveArgs) argv() []any {
 // was learned (see Control.Refused); run_id is the server's, as read by
 // INFO when the gate did not know it (noServer where INFO is refused).
 var reserveScript = redis.NewScript(codesLua + fmtLua + nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua +
-	lineLua + reserveLua)
+	lineFieldLua + lineLua + reserveLua)
 
 // reserveLua is the main part of the reserve script.
 const reserveLua = `-- Each step of the model is a function of its inputs, defined before the
@@ -607,17 +607,17 @@ local tiv = a_total_interval
 -- and the fair share.
 -- Hash fields read by name at the read (false: not set).
 local st = {}
-st.last, st.n, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept,
-  st.wide, st.wide_at, st.adapted, st.gm, st.gc, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'last', 'n',
+st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept,
+  st.wide, st.wide_at, st.adapted, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'line',
   'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept', 'wide', 'wide_at', 'adapted',
-  'gm', 'gc', 'asked_at', 'asked_rate'))
+  'asked_at', 'asked_rate'))
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
 if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new)) end
 -- The control hash is read under the gate hash's mark (see adaptedLua),
 -- and for a state made anew, which gets the mark again if it applies.
 local ctl = {}
-if st.adapted or not st.last then
+if st.adapted or not st.line then
   ctl.paused_until, ctl.rate, ctl.rate_source, ctl.guard, ctl.tol, ctl.pause_from = unpack(redis.call('HMGET', k_control,
     'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'))
 end
@@ -638,8 +638,8 @@ end
 
 -- 2. The state, and whether it was lost.
 local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
-local last = tonumber(st.last)
-local n = tonumber(st.n) or 0
+local last, n, gm, gc = read_line(st.line)
+local m = math.floor(now / 60000000)
 local logs = st.log
 local reason = BEYOND_HORIZON
 -- The counters in use: every quota's, and the spaced limits' while calls
@@ -678,13 +678,13 @@ if last == nil and (st.plan == false or not epoch or switched) then
   if not epoch or switched or (exp and exp > now) then
     lost, certain = now + a_horizon, switched or (epoch and exp ~= nil and exp > now)
   end
-elseif last ~= nil and runid ~= '' and st.run ~= runid then
+elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
   -- A stale copy: ticks it lacks reach at most now + horizon.
   lost, certain = math.max(last, now + a_horizon), true
 end
 if lost then
   last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, a_log_len, a_span)
-  redis.call('HSET', k_gate, 'last', fmt(last), 'n', n, 'run', runid, 'log', logs)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc), 'run', run_of(runid), 'log', logs)
   redis.call('HINCRBY', k_stats, 'resets', 1)
   for _, c in ipairs(own) do
     if c.kind ~= 'q' or certain then counter_fill(k_counts, c, lost, now) end
@@ -693,7 +693,7 @@ end
 
 -- 3. Warm-up: the rate ramps from warmup_from to the rate over warmup.
 if a_warmup > 0 then
-  local warm = warm_since(k_gate, st.last ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), a_window, now)
+  local warm = warm_since(k_gate, st.line ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), a_window, now)
   if warm and now - warm < a_warmup then
     local top = rate or a_rate
     local from = math.min(a_warmup_from, top)
@@ -842,10 +842,7 @@ else
   n = a_cost
   if k > 0 and head ~= '' then log = fmt(tick) .. ',' .. head elseif k > 0 then log = fmt(tick) end
 end
-local m = math.floor(now / 60000000)
-local gm = tonumber(st.gm)
-local fields = {'last', fmt(tick), 'n', n, 'vt', fmt(vt or tick), 'run', runid, 'gm', fmt(m),
-  'gc', fmt(count_granted(k_stats, 1, m, gm, tonumber(st.gc) or 0))}
+local fields = {'line', line_of(tick, n, m, count_granted(k_stats, 1, m, gm, gc)), 'vt', fmt(vt or tick), 'run', run_of(runid)}
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
@@ -957,7 +954,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			b.gate.testScript(true)
 		}
 		args := b.coreArgs(reqs, server)
-		res, err := coreScript.Run(ctx, b.gate.rdb, b.keys.core(), args.argv()...).Slice()
+		res, err := b.gate.run(ctx, coreFunction, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -1001,7 +998,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 
 // parseReply reads a reserve script's reply for n calls: {code, wait,
 // reason, tick, tolerance[, run_id]} for the first (see reserveScript),
-// then {code, wait, reason, tick} for each other one (see coreScript); a
+// then {code, wait, reason, tick} for each other one (see coreFunction); a
 // deferral of the whole batch (a high call waits) answers the first call
 // only, for all of them. ok is false when the core script handed the
 // calls to the full one.

@@ -26,7 +26,7 @@ const respaceSlack = 100 * time.Millisecond
 // its tick under the current policy ("interval|burst", µs).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
 // was published), else 0.
-var respaceScript = redis.NewScript(nowLua + respaceLua + `
+var respaceScript = redis.NewScript(nowLua + lineFieldLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_replica, a_tick = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
@@ -42,9 +42,9 @@ return respace(k_gate, now, a_slack, a_channel, a_bucket)
 const respaceLua = `
 local function respace(k_gate, now, slack, channel, bucket)
   local at = now + slack
-  local last = tonumber(redis.call('HGET', k_gate, 'last'))
+  local last, _, gm, gc = read_line(redis.call('HGET', k_gate, 'line'))
   if last == nil or last <= at then return 0 end
-  redis.call('HSET', k_gate, 'last', string.format('%d', at), 'n', 1000000000, 'vt', string.format('%d', at))
+  redis.call('HSET', k_gate, 'line', line_of(at, 1000000000, gm, gc), 'vt', string.format('%d', at))
   redis.call('PUBLISH', channel, bucket)
   return 1
 end

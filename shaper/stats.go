@@ -108,23 +108,32 @@ var statsFields = []any{"granted", "deferred", "late", "pauses", "resets", "drop
 // KEYS[4] in-flight sorted set.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2...] the stats hash
 // fields to read (statsFields).
-// Returns a flat list of name, value pairs: "now", "last", "warm" (gate
-// hash; "gm", "gc": the grants it has not folded into the stats hash yet,
-// see count_granted), "paused_until", "pause_reason", "rate", "rate_source",
-// "rate_reason", "guard", "guard_reason" (control hash), "in_flight", and
-// every field asked for; missing values
-// are left out, so Go tells them from zero.
+// Returns a flat list of name, value pairs: "now", "warm" (gate hash),
+// "last", "gm", "gc" (the gate hash's line: the last tick, and the
+// grants it has not folded into the stats hash yet, see count_granted),
+// "paused_until", "pause_reason", "rate", "rate_source", "rate_reason",
+// "guard", "guard_reason" (control hash), "in_flight", and every field
+// asked for; missing values are left out, so Go tells them from zero.
 var statsScript = redis.NewScript(nowLua + `
 local now = now_us()
 local out = {'now', string.format('%d', now), 'in_flight',
   tostring(redis.call('ZCOUNT', KEYS[4], '(' .. string.format('%d', now), '+inf'))}
+local function put_pairs(...)
+  local kv = {...}
+  for i = 1, #kv, 2 do out[#out + 1] = kv[i]; out[#out + 1] = kv[i + 1] end
+end
 local function put(key, fields)
   local vals = redis.call('HMGET', key, unpack(fields))
   for i, f in ipairs(fields) do
     if vals[i] then out[#out + 1] = f; out[#out + 1] = vals[i] end
   end
 end
-put(KEYS[1], {'last', 'warm', 'gm', 'gc'})
+put(KEYS[1], {'warm'})
+local line = redis.call('HGET', KEYS[1], 'line')
+if line then
+  local last, _, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)$')
+  put_pairs('last', last, 'gm', gm, 'gc', gc)
+end
 put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason', 'guard', 'guard_reason'})
 local asked = {}
 for i = 2, #ARGV do asked[#asked + 1] = ARGV[i] end

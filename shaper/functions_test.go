@@ -1,0 +1,76 @@
+package shaper
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// grantsOn has n ticks of a common bucket granted on g, waiting out
+// deferrals (a new group's first tick waits its horizon), and fails the
+// test on an error.
+func grantsOn(t *testing.T, g *Gate, n int) {
+	t.Helper()
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for granted := 0; granted < n; {
+		r, err := b.reserve(context.Background(), Request{})
+		if err != nil {
+			t.Fatalf("after %d grants: %v", granted, err)
+		}
+		if r.ok {
+			granted++
+		} else {
+			time.Sleep(min(r.wait, time.Second))
+		}
+	}
+}
+
+// TestCoreRunsAsAFunction: on a Redis with Functions the core is loaded
+// as a library at the first grant and called with FCALL; a server that
+// lost it (FUNCTION DELETE here, a restart without persistence or a
+// promoted replica in production) gets it again at the next grant.
+func TestCoreRunsAsAFunction(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	loaded := func() bool {
+		t.Helper()
+		libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: coreFunction.name}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(libs) == 1 && len(libs[0].Functions) == 1 && libs[0].Functions[0].Name == coreFunction.name
+	}
+	grantsOn(t, g, 20)
+	if g.noFunctions.Load() || !loaded() {
+		t.Fatalf("after 20 grants: functions off %v, %s loaded %v; want the core loaded as a function", g.noFunctions.Load(), coreFunction.name, loaded())
+	}
+	if err := rdb.FunctionDelete(ctx, coreFunction.name).Err(); err != nil {
+		t.Fatal(err)
+	}
+	grantsOn(t, g, 5)
+	if g.noFunctions.Load() || !loaded() {
+		t.Errorf("after the library was deleted: functions off %v, loaded %v; want it loaded again", g.noFunctions.Load(), loaded())
+	}
+}
+
+// TestCoreRunsAsAScriptWithoutFunctions: the embedded Redis has no
+// Functions (nor has Redis before 7): the core runs as a script.
+func TestCoreRunsAsAScriptWithoutFunctions(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	g := NewGate(rdb, Config{KeyPrefix: "fn"})
+	grantsOn(t, g, 20)
+	if !g.noFunctions.Load() {
+		t.Error("the gate still calls functions on a Redis without them")
+	}
+}
