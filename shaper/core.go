@@ -26,28 +26,48 @@ local function fmt(x) return string.format('%d', x) end
 // lineFieldLua defines read_line, line_of and run_of: how a gate hash
 // keeps its line and the server it was written on, for every script that
 // reads or writes them.
-const lineFieldLua = `
--- read_line(line): the gate hash's 'line', "last|n|gm|gc", as numbers:
--- the last reserved tick (µs), the calls granted on it, and the grants of
--- clock minute gm not yet folded into the stats hash (gc, see
--- count_granted); nil, 0, nil, 0 for none. One field read and written
--- whole on every grant, where four cost four times the hash's work.
+var lineFieldLua = `
+-- read_line(line): the gate hash's 'line', "last|n|gm|gc|kept", as
+-- numbers: the last reserved tick (µs), the calls granted on it, the
+-- grants of clock minute gm not yet folded into the stats hash (gc, see
+-- count_granted), and what the bucket's keys were last extended to (µs,
+-- see keep_alive); nil, 0, nil, 0, 0 for none. One field read and written
+-- whole on every grant, where five cost five times the hash's work.
 local function read_line(line)
-  if not line then return nil, 0, nil, 0 end
-  local last, n, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)$')
-  return last + 0, n + 0, gm + 0, gc + 0
+  if not line then return nil, 0, nil, 0, 0 end
+  local last, n, gm, gc, kept = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  return last + 0, n + 0, gm + 0, gc + 0, kept + 0
 end
 
--- line_of(last, n, gm, gc): the 'line' of those (see read_line).
-local function line_of(last, n, gm, gc) return string.format('%d|%d|%d|%d', last, n, gm, gc) end
+-- line_of(last, n, gm, gc, kept): the 'line' of those (see read_line);
+-- last may be given as its string.
+local function line_of(last, n, gm, gc, kept)
+  if type(last) == 'string' then return string.format('%s|%d|%d|%d|%d', last, n, gm, gc, kept) end
+  return string.format('%d|%d|%d|%d|%d', last, n, gm, gc, kept)
+end
 
 -- run_of(runid): the 'run' a gate hash records, the run_id of the server
 -- it was written on, tagged with the layout of its line. A version that
 -- kept 'last' and 'n' as fields of their own takes a state of this one
 -- for a stale copy, as this one takes its: during a rolling upgrade each
 -- switch between them costs a horizon, and the two never grant at once.
-local function run_of(runid) return 'line:' .. runid end
+local function run_of(runid) return '` + runTag + `' .. runid end
 `
+
+// runTag tags the run a gate hash records (see run_of).
+const runTag = "line:"
+
+// runOf is run_of for the core script's Server argument: the run a state
+// written on server records, or "" when the server is unknown.
+func runOf(server string) string {
+	switch server {
+	case "":
+		return ""
+	case noServer:
+		return runTag
+	}
+	return runTag + server
+}
 
 // lineLua defines the pieces of a bucket's line of ticks that the core
 // and the full reserve script share.
@@ -89,10 +109,11 @@ end
 -- the held record loses the entries held_keep past their tick. The keys
 -- are extended a little further than asked (a quarter of keep, at most a
 -- second), and only once untilv passes what they were last extended to
--- (kept, in the gate hash), so that a busy bucket extends them a few times
--- a keep rather than on every grant.
+-- (kept, in the gate hash's line), so that a busy bucket extends them a
+-- few times a keep rather than on every grant. Returns what they were
+-- extended to, for the line (nil: not extended).
 local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
-  if untilv <= kept then return end
+  if untilv <= kept then return nil end
   untilv = untilv + math.min(1000000, math.floor(keep / 4))
   extend(k.gate, untilv, now)
   extend(k.ticks, untilv, now)
@@ -104,7 +125,7 @@ local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
     redis.call('ZREMRANGEBYSCORE', k.held, '-inf', '(' .. fmt(now - held_keep))
     extend(k.held, untilv + held_keep, now)
   end
-  redis.call('HSET', k.gate, 'kept', fmt(untilv))
+  return untilv
 end
 
 -- log_ticks(key, ticks, len, keep, now): the ticks list (newest first)
@@ -181,7 +202,7 @@ type coreArgs struct {
 	Mine     string `lua:"mine"`     // the caller's tick as widest keeps it: "interval|burst|replica"
 	Live     int64  `lua:"live"`     // µs a policy granted under keeps counting (replicaLive)
 	TickLog  int    `lua:"tick_log"` // length of the ticks list
-	Server   string `lua:"server"`   // the server's run_id as the gate knows it (noServer: unknown)
+	Server   string `lua:"server"`   // the run a state written on this server records (runOf; "": the server is unknown)
 	Holders  string `lua:"holders"`  // the calls asking, in their order: who holds each until its tick, each followed by "\n" ("\n" alone: one call, no record)
 	Adapt    string `lua:"adapt"`    // "span|window|rate": the limit's window + guard and window (µs), the configured rate
 	Keeping  string `lua:"keeping"`  // "held_keep|member": µs a held record outlives its tick, the bucket's name in its group ("" for a group of one)
@@ -232,13 +253,9 @@ local a_adapt = ARGV[11]
 local a_keeping = ARGV[12]
 
 local now = now_from(a_now)
-local line, run, wide, wide_at, kept, adapted = unpack(redis.call('HMGET', k_gate,
-  'line', 'run', 'wide', 'wide_at', 'kept', 'adapted'))
-local server = a_server
-if server == NO_SERVER then server = '' end
-if a_server == '' or not line or run ~= run_of(server) then return {USE_FULL} end
-local last, n, gm, gc = read_line(line)
-kept = tonumber(kept) or 0
+local line, run, wide, wide_at, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'wide', 'wide_at', 'adapted'))
+if a_server == '' or not line or run ~= a_server then return {USE_FULL} end
+local last, n, gm, gc, kept = read_line(line)
 
 -- The tick: the widest live one, widened by what adaptation set (a rate
 -- set or announced, a guard learned from refusals), read only when the
@@ -302,23 +319,29 @@ for i = 1, #holders do
   if out == nil then out = {code, wait, why, tick, tol} else put(out, code, wait, why, tick) end
 end
 
--- The line and the widest tick, in one HSET; the ticks list; the held
--- record; the keys' expiry once the line passes what they were extended to.
+-- The line, the ticks list and the held record; the keys' expiry once
+-- the line passes what they were extended to; the widest tick and the
+-- deferred moment when they changed.
 local m = math.floor(now / 60000000)
-local set = {}
-if #ticks > 0 then put(set, 'line', line_of(last, n, m, count_granted(k_stats, #ticks, m, gm, gc))) end
-if wide_new then put(set, 'wide', wide_new) end
-if wide_at_new then put(set, 'wide_at', fmt(wide_at_new)) end
-if deferred > 0 then put(set, 'defer_at', fmt(at)) end
-if #set > 0 then redis.call('HSET', k_gate, unpack(set)) end
-if #ticks > 0 then log_ticks(k_ticks, ticks, a_tick_log, a_keep, now) end
-if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
+if #ticks > 0 then
+  gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
+  redis.call('HSET', k_gate, 'line', line_of(ticks[#ticks], n, gm, gc, kept))
+  log_ticks(k_ticks, ticks, a_tick_log, a_keep, now)
+  if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
+end
 local untilv = math.max(last, at) + a_keep
 if untilv > kept then
   local held_keep, member = string.match(a_keeping, '^(%d+)|(.*)$')
   local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = member}
-  keep_alive(keys, untilv, kept, paused, a_keep, tonumber(held_keep), now)
+  kept = keep_alive(keys, untilv, kept, paused, a_keep, tonumber(held_keep), now)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
 end
-if deferred > 0 then redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred)) end
+-- (widest gives a new wide_at with every new wide, and keeps wide only
+-- when it is mine.)
+if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new)) end
+if deferred > 0 then
+  redis.call('HSET', k_gate, 'defer_at', fmt(at))
+  redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))
+end
 return out
 `

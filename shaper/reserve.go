@@ -607,9 +607,9 @@ local tiv = a_total_interval
 -- and the fair share.
 -- Hash fields read by name at the read (false: not set).
 local st = {}
-st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until, st.kept,
+st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until,
   st.wide, st.wide_at, st.adapted, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'line',
-  'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'kept', 'wide', 'wide_at', 'adapted',
+  'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'wide', 'wide_at', 'adapted',
   'asked_at', 'asked_rate'))
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
   tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
@@ -638,7 +638,7 @@ end
 
 -- 2. The state, and whether it was lost.
 local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
-local last, n, gm, gc = read_line(st.line)
+local last, n, gm, gc, kept = read_line(st.line)
 local m = math.floor(now / 60000000)
 local logs = st.log
 local reason = BEYOND_HORIZON
@@ -684,10 +684,21 @@ elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
 end
 if lost then
   last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, a_log_len, a_span)
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc), 'run', run_of(runid), 'log', logs)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept), 'run', run_of(runid), 'log', logs)
   redis.call('HINCRBY', k_stats, 'resets', 1)
   for _, c in ipairs(own) do
     if c.kind ~= 'q' or certain then counter_fill(k_counts, c, lost, now) end
+  end
+end
+
+-- keep_line(k, untilv, paused, held_keep): keep_alive, and the line's
+-- kept with what it extended the keys to (a state without a line keeps
+-- nothing: its next call extends them again).
+local function keep_line(k, untilv, paused, held_keep)
+  local ext = keep_alive(k, untilv, kept, paused, a_keep, held_keep, now)
+  if ext and last then
+    kept = ext
+    redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept))
   end
 end
 
@@ -817,7 +828,7 @@ if tick - now > horizon then
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
   redis.call('HSET', k_gate, field, fmt(at))
   if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval), 'adapted', '1') end
-  keep_alive(keys, math.max(at, last or 0) + a_keep, tonumber(st.kept) or 0, paused, a_keep, 0, now)
+  keep_line(keys, math.max(at, last or 0) + a_keep, paused, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, at - now, reason, 0, 0, known}
 end
@@ -825,7 +836,7 @@ if a_max_in_flight > 0 then
   redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
   if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
     -- The gate hash may be new (its 'wide'): it expires as after a grant.
-    keep_alive(keys, math.max(last or now, now) + a_keep, tonumber(st.kept) or 0, paused, a_keep, 0, now)
+    keep_line(keys, math.max(last or now, now) + a_keep, paused, 0)
     redis.call('HINCRBY', k_stats, 'deferred', 1)
     return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
   end
@@ -842,14 +853,15 @@ else
   n = a_cost
   if k > 0 and head ~= '' then log = fmt(tick) .. ',' .. head elseif k > 0 then log = fmt(tick) end
 end
-local fields = {'line', line_of(tick, n, m, count_granted(k_stats, 1, m, gm, gc)), 'vt', fmt(vt or tick), 'run', run_of(runid)}
+last, gc, gm = tick, count_granted(k_stats, 1, m, gm, gc), m
+local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick), 'run', run_of(runid)}
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if a_tick_log > 0 then log_ticks(k_ticks, {fmt(tick)}, a_tick_log, a_keep, now) end
 -- Who holds the call until its tick (see HeldBy).
 if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
-keep_alive(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, tonumber(st.kept) or 0, paused, a_keep, a_held_keep, now)
+keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_held_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
@@ -1066,7 +1078,7 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	return coreArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		Keep: b.keep.Microseconds(), Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
-		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: server, Holders: holders.String(),
+		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: runOf(server), Holders: holders.String(),
 		Adapt:   fmt.Sprintf("%d|%d|%d", (p.Limits[0].Window + guard).Microseconds(), p.Limits[0].Window.Microseconds(), p.Limits[0].Rate),
 		Keeping: strconv.FormatInt(heldKeep.Microseconds(), 10) + "|" + b.member,
 	}

@@ -131,7 +131,7 @@ end
 put(KEYS[1], {'warm'})
 local line = redis.call('HGET', KEYS[1], 'line')
 if line then
-  local last, _, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)$')
+  local last, _, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|')
   put_pairs('last', last, 'gm', gm, 'gc', gc)
 end
 put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason', 'guard', 'guard_reason'})
