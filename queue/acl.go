@@ -26,6 +26,6 @@ func ACLRules(keyPrefix string) string {
 		"resetkeys", "~asynq:*", "~" + keyPrefix + ":*",
 		"resetchannels", "&asynq:*", "&" + keyPrefix + ":*",
 		"-@all", "+@read", "+@write", "+@scripting", "+@pubsub", "+@transaction", "+@connection",
-		"-@dangerous", "+info", "+time", "+memory|usage",
+		"-@dangerous", "-function|flush", "-function|delete", "-function|restore", "+info", "+time", "+memory|usage",
 	}, " ")
 }
