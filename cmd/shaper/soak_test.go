@@ -117,7 +117,14 @@ func soak(t *testing.T, f soakFault) {
 	}
 	writeFile(t, cfg, strings.Replace(string(b), fmt.Sprintf("rate = %d\n", rate), fmt.Sprintf("rate = %d\n", lowered), 1))
 	edited := time.Now()
-	waitUntil(t, 4*time.Minute, "every call to reach the vendor", func() bool { return vend.Summarize().DistinctKeys == n })
+	for deadline := time.Now().Add(4 * time.Minute); vend.Summarize().DistinctKeys < n; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			// Say where the missing calls are before failing.
+			out, _ := runShaper(t, "", "stats", "--config", cfg)
+			t.Fatalf("%s: timed out after 4m0s: %d of %d calls reached the vendor; %s; shaper stats:\n%s",
+				f.name, vend.Summarize().DistinctKeys, n, queueReport(f, vendor), out)
+		}
+	}
 	done := time.Now()
 
 	ts := requestTimes(vend)
@@ -167,15 +174,26 @@ func soak(t *testing.T, f soakFault) {
 	}
 	// What is still held once every call reached the vendor: calls whose
 	// end asynq has yet to record.
+	t.Logf("%s: %s", f.name, queueReport(f, vendor))
+}
+
+// queueReport says where the vendor's calls are in its queue, and when
+// the first of those waiting to be retried runs again.
+func queueReport(f soakFault, vendor string) string {
 	rdb := redis.NewClient(&redis.Options{Addr: f.master()})
 	defer rdb.Close()
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	if qi, err := insp.GetQueueInfo(queue.QueueName(vendor)); err == nil {
-		t.Logf("%s: queue at the end: %d active, %d pending, %d retry, %d scheduled, %d archived, %d completed",
-			f.name, qi.Active, qi.Pending, qi.Retry, qi.Scheduled, qi.Archived, qi.Completed)
-	} else {
-		t.Logf("%s: queue info: %v", f.name, err)
+	qi, err := insp.GetQueueInfo(queue.QueueName(vendor))
+	if err != nil {
+		return fmt.Sprintf("queue info: %v", err)
 	}
+	msg := fmt.Sprintf("queue at the end: %d active, %d pending, %d retry, %d scheduled, %d archived, %d completed",
+		qi.Active, qi.Pending, qi.Retry, qi.Scheduled, qi.Archived, qi.Completed)
+	if tasks, err := insp.ListRetryTasks(queue.QueueName(vendor), asynq.PageSize(1)); err == nil && len(tasks) > 0 {
+		msg += fmt.Sprintf("; first retry in %s (retried %d times, last error %q)",
+			time.Until(tasks[0].NextProcessAt).Round(time.Second), tasks[0].Retried, tasks[0].LastErr)
+	}
+	return msg
 }
 
 // gapAt is the longest gap between calls and when it began.
