@@ -39,6 +39,10 @@ local function read_line(line)
   return last + 0, n + 0, gm + 0, gc + 0, kept + 0
 end
 
+-- SPENT is the n of a line whose last tick a respace marked spent: more
+-- than any burst, so that the next tick comes one interval after it.
+local SPENT = 1000000000
+
 -- line_of(last, n, gm, gc, kept): the 'line' of those (see read_line);
 -- last may be given as its string.
 local function line_of(last, n, gm, gc, kept)

@@ -430,13 +430,13 @@ end
 -- call of cost units on a line of ticks iv apart, each carrying at most b
 -- units, whose last tick l carries u units. A tick is followed by one
 -- interval per b units it carried, unless charge is false (the counters
--- keep the units). A respace marks a tick spent (u of a billion, see
+-- keep the units). A respace marks a tick spent (u of SPENT, see
 -- respaceScript): one interval follows it.
 local function earliest(l, u, iv, b, t, cost, charge)
   if l == nil then return t end
   if t <= l and u + cost <= b then return l end
   local e = l + iv
-  if charge and u < 1000000000 then e = l + iv * math.max(1, math.ceil(u / b)) end
+  if charge and u < SPENT then e = l + iv * math.max(1, math.ceil(u / b)) end
   return math.max(t, e)
 end
 

@@ -44,7 +44,7 @@ local function respace(k_gate, now, slack, channel, bucket)
   local at = now + slack
   local last, _, gm, gc, kept = read_line(redis.call('HGET', k_gate, 'line'))
   if last == nil or last <= at then return 0 end
-  redis.call('HSET', k_gate, 'line', line_of(at, 1000000000, gm, gc, kept), 'vt', string.format('%d', at))
+  redis.call('HSET', k_gate, 'line', line_of(at, SPENT, gm, gc, kept), 'vt', string.format('%d', at))
   redis.call('PUBLISH', channel, bucket)
   return 1
 end
