@@ -23,43 +23,81 @@ const fmtLua = `
 local function fmt(x) return string.format('%d', x) end
 `
 
-// lineFieldLua defines read_line, line_of and run_of: how a gate hash
-// keeps its line and the server it was written on, for every script that
-// reads or writes them.
+// lineFieldLua defines read_line, line_of, tick_item, tick_of and run_of:
+// how a gate hash keeps its line and the server it was written on, and
+// how the ticks list keeps a tick, for every script that reads or writes
+// them.
 var lineFieldLua = `
--- read_line(line): the gate hash's 'line', "last|n|gm|gc|kept", as
--- numbers: the last reserved tick (µs), the calls granted on it, the
--- grants of clock minute gm not yet folded into the stats hash (gc, see
--- count_granted), and what the bucket's keys were last extended to (µs,
--- see keep_alive); nil, 0, nil, 0, 0 for none. One field read and written
--- whole on every grant, where five cost five times the hash's work.
+-- The gate hash's 'line' holds five numbers: the last reserved tick
+-- (µs), the calls granted on it, the grants of clock minute gm not yet
+-- folded into the stats hash (gc, see count_granted), and what the
+-- bucket's keys were last extended to (µs, see keep_alive). It is one
+-- field read and written whole on every grant, where five cost five times
+-- the hash's work, and it is kept packed (struct.pack: five doubles, 40
+-- bytes, every value an integer below 2^53), where reading and writing
+-- it as text cost a tenth of the common grant. The embedded Redis's Lua
+-- has no struct: there the line is text, "last|n|gm|gc|kept". A server
+-- holds one form only; a line of the other (a rolling upgrade from a
+-- version that kept it as text: never 40 characters, since last and gm
+-- are always 16 and 8 digits) reads as none.
+
+-- packer is struct where the server's Lua has it, false where it does
+-- not; nil until the first line is read or written (a function's library
+-- cannot look at globals while it loads, and a plain read of a missing
+-- global is an error).
+local packer = nil
+local function pick_form() packer = rawget(_G, 'struct') or false end
+
+-- read_line(line): the line's numbers; nil, 0, nil, 0, 0 for none.
 local function read_line(line)
+  if packer == nil then pick_form() end
+  if packer then
+    if not line or #line ~= 40 then return nil, 0, nil, 0, 0 end
+    local last, n, gm, gc, kept = packer.unpack('<ddddd', line)
+    return last, n, gm, gc, kept
+  end
   if not line then return nil, 0, nil, 0, 0 end
   local last, n, gm, gc, kept = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  if not last then return nil, 0, nil, 0, 0 end
   return last + 0, n + 0, gm + 0, gc + 0, kept + 0
+end
+
+-- line_of(last, n, gm, gc, kept): the line of those (see read_line).
+local function line_of(last, n, gm, gc, kept)
+  if packer == nil then pick_form() end
+  if packer then return packer.pack('<ddddd', last, n, gm, gc, kept) end
+  return string.format('%d|%d|%d|%d|%d', last, n, gm, gc, kept)
+end
+
+-- tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
+-- double, 8 bytes) where the line is, else its digits. tick_of(item):
+-- the tick of an item (digits too: a list written by a version that kept
+-- them so).
+local function tick_item(t)
+  if packer == nil then pick_form() end
+  if packer then return packer.pack('<d', t) end
+  return string.format('%d', t)
+end
+local function tick_of(item)
+  if packer == nil then pick_form() end
+  if packer and #item == 8 then return (packer.unpack('<d', item)) end
+  return tonumber(item)
 end
 
 -- SPENT is the n of a line whose last tick a respace marked spent: more
 -- than any burst, so that the next tick comes one interval after it.
 local SPENT = 1000000000
 
--- line_of(last, n, gm, gc, kept): the 'line' of those (see read_line);
--- last may be given as its string.
-local function line_of(last, n, gm, gc, kept)
-  if type(last) == 'string' then return string.format('%s|%d|%d|%d|%d', last, n, gm, gc, kept) end
-  return string.format('%d|%d|%d|%d|%d', last, n, gm, gc, kept)
-end
-
 -- run_of(runid): the 'run' a gate hash records, the run_id of the server
 -- it was written on, tagged with the layout of its line. A version that
--- kept 'last' and 'n' as fields of their own takes a state of this one
--- for a stale copy, as this one takes its: during a rolling upgrade each
--- switch between them costs a horizon, and the two never grant at once.
+-- kept the line otherwise takes a state of this one for a stale copy, as
+-- this one takes its: during a rolling upgrade each switch between them
+-- costs a horizon, and the two never grant at once.
 local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
 // runTag tags the run a gate hash records (see run_of).
-const runTag = "line:"
+const runTag = "l2:"
 
 // runOf is run_of for the core script's Server argument: the run a state
 // written on server records, or "" when the server is unknown.
@@ -132,12 +170,13 @@ local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
   return untilv
 end
 
--- log_ticks(key, ticks, len, keep, now): the ticks list (newest first)
--- gets ticks (strings, oldest first); it is cut back to len once it holds
--- tickTrim more, and a list made anew expires keep after the last tick.
-local function log_ticks(key, ticks, len, keep, now)
-  local n = redis.call('LPUSH', key, unpack(ticks))
-  if n == #ticks then extend(key, tonumber(ticks[#ticks]) + keep + 1000000, now) end
+-- log_ticks(key, items, last, len, keep, now): the ticks list (newest
+-- first) gets items (tick_item, oldest first; last: the newest's tick);
+-- it is cut back to len once it holds tickTrim more, and a list made anew
+-- expires keep after the last tick.
+local function log_ticks(key, items, last, len, keep, now)
+  local n = redis.call('LPUSH', key, unpack(items))
+  if n == #items then extend(key, last + keep + 1000000, now) end
   if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
 end
 
@@ -315,8 +354,8 @@ for i = 1, #holders do
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
-    ticks[#ticks + 1] = fmt(tick)
-    if holders[i] ~= '' then put(held, ticks[#ticks], replica .. '|' .. holders[i]) end
+    ticks[#ticks + 1] = tick_item(tick)
+    if holders[i] ~= '' then put(held, fmt(tick), replica .. '|' .. holders[i]) end
   end
   local wait = tick - now
   if code == DEFERRED then wait = at - now end
@@ -329,8 +368,8 @@ end
 local m = math.floor(now / 60000000)
 if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
-  redis.call('HSET', k_gate, 'line', line_of(ticks[#ticks], n, gm, gc, kept))
-  log_ticks(k_ticks, ticks, a_tick_log, a_keep, now)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
+  log_ticks(k_ticks, ticks, last, a_tick_log, a_keep, now)
   if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
 end
 local untilv = math.max(last, at) + a_keep

@@ -117,7 +117,7 @@ local a_bucket = ARGV[8]
 local now = now_from(a_now)
 count(k_stats, 'rate_limited', now)
 if a_tick_s ~= '0' then
-  redis.call('LREM', k_ticks, 1, a_tick_s)
+  redis.call('LREM', k_ticks, 1, tick_item(a_tick_s + 0))
   redis.call('LPUSH', k_limited, a_tick_s)
   redis.call('LTRIM', k_limited, 0, 31)
   extend(k_limited, now + a_keep, now)
@@ -136,11 +136,13 @@ if now - (tonumber(last_decrease) or 0) < a_cooldown then
   end
   if lesson == 'margin' then mode = 2 end
 end
-return {mode, lesson or '', rate or '', guard or '', lo or '', redis.call('LRANGE', k_ticks, 0, -1),
+local ticks = redis.call('LRANGE', k_ticks, 0, -1)
+for i, item in ipairs(ticks) do ticks[i] = string.format('%d', tick_of(item)) end
+return {mode, lesson or '', rate or '', guard or '', lo or '', ticks,
   redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or ''}
 `
 
-var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + refusedLua)
+var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + lineFieldLua + refusedLua)
 
 // applyArgs is the apply script's ARGV, in order (see applyScript).
 type applyArgs struct {

@@ -858,7 +858,7 @@ local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick), '
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if a_tick_log > 0 then log_ticks(k_ticks, {fmt(tick)}, a_tick_log, a_keep, now) end
+if a_tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, a_tick_log, a_keep, now) end
 -- Who holds the call until its tick (see HeldBy).
 if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
 keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_held_keep)
@@ -1127,15 +1127,15 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 // the tick given up (µs; 0: none), ARGV[5] its cost, ARGV[6] the bucket's
 // limits, ARGV[7] the total's (limitSpec; "" without one).
 // Returns 0.
-var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + `
+var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + lineFieldLua + `
 local k_inflight, k_stats, k_ticks, k_counts, k_total_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local a_tick_s, a_lease, a_counter = ARGV[4], ARGV[2], ARGV[3]
+local a_lease, a_counter = ARGV[2], ARGV[3]
 local a_tick, a_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local a_limits, a_total_limits = ARGV[6], ARGV[7]
 if a_lease ~= '' then redis.call('ZREM', k_inflight, a_lease) end
 if a_counter ~= '' then redis.call('HINCRBY', k_stats, a_counter, 1) end
 if a_tick > 0 then
-  redis.call('LREM', k_ticks, 1, a_tick_s)
+  redis.call('LREM', k_ticks, 1, tick_item(a_tick))
   for _, pair in ipairs({{k_counts, a_limits}, {k_total_counts, a_total_limits}}) do
     for _, c in ipairs(parse_limits(pair[2])) do
       local field = c.id .. ':' .. fmt(math.floor(a_tick / c.slot))

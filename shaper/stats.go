@@ -114,7 +114,7 @@ var statsFields = []any{"granted", "deferred", "late", "pauses", "resets", "drop
 // "paused_until", "pause_reason", "rate", "rate_source", "rate_reason",
 // "guard", "guard_reason" (control hash), "in_flight", and every field
 // asked for; missing values are left out, so Go tells them from zero.
-var statsScript = redis.NewScript(nowLua + `
+var statsScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + `
 local now = now_us()
 local out = {'now', string.format('%d', now), 'in_flight',
   tostring(redis.call('ZCOUNT', KEYS[4], '(' .. string.format('%d', now), '+inf'))}
@@ -131,8 +131,8 @@ end
 put(KEYS[1], {'warm'})
 local line = redis.call('HGET', KEYS[1], 'line')
 if line then
-  local last, _, gm, gc = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|')
-  put_pairs('last', last, 'gm', gm, 'gc', gc)
+  local last, _, gm, gc = read_line(line)
+  if last then put_pairs('last', fmt(last), 'gm', fmt(gm), 'gc', fmt(gc)) end
 end
 put(KEYS[2], {'paused_until', 'pause_reason', 'rate', 'rate_source', 'rate_reason', 'guard', 'guard_reason'})
 local asked = {}
