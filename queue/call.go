@@ -52,7 +52,7 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 			return err
 		}
 		req := taskRequest(t)
-		req.Holder = holderOf(ctx)
+		req.Tag = w.tagOf(ctx)
 		req.Backlogged = w.backlogged(ctx, rt, account, req.Lane)
 		err = h(vendorclients.WithRequest(ctx, req), t, client)
 		if d := w.asDeferral(ctx, rt, account, req.Lane, err); d != nil {
@@ -159,7 +159,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		if len(call.Body) > 0 {
 			body = bytes.NewReader(call.Body)
 		}
-		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Holder: holderOf(ctx),
+		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Tag: w.tagOf(ctx),
 			Backlogged: w.backlogged(ctx, rt, call.Account, call.lane())}), call.Method, call.Path, body)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)

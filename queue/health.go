@@ -104,23 +104,23 @@ func (h *redisHealth) quiet(err error) bool {
 }
 
 // watchRedis tells Redis this worker is alive every aliveEvery until ctx
-// ends (shaper.Gate.Alive: its heartbeat, which the other workers read to
+// ends (liveness.alive: its heartbeat, which the other workers read to
 // tell a dead worker, see recover.go, and its Redis health check), so
 // that the end of an outage (and one that no operation met) is seen and
 // logged. Calls wait meanwhile (see asDeferral); nothing is lost. On the
 // way out it takes the worker out of the live set: it stopped, it did
 // not die.
-func watchRedis(ctx context.Context, gate *shaper.Gate, h *redisHealth) {
+func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		_ = gate.Leave(lctx)
+		_ = live.leave(lctx)
 	}()
 	t := time.NewTicker(aliveEvery)
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		now, err := gate.Alive(pctx)
+		now, err := live.alive(pctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:

@@ -38,3 +38,7 @@ func queuePausedKey(prefix, vendor string) string {
 func exportKey(prefix, id string) string       { return prefix + ":export:{" + id + "}" }
 func exportDoneKey(prefix, id string) string   { return exportKey(prefix, id) + ":done" }
 func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + ":failed" }
+
+// aliveKey is the sorted set of live workers (see alive.go), of every
+// vendor.
+func aliveKey(prefix string) string { return prefix + ":alive" }

@@ -9,8 +9,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/shaper-dev/shaper/shaper"
 )
 
 // A worker that dies holds calls in asynq's active set under a lease
@@ -20,12 +18,13 @@ import (
 // tick, which never started. Here the live workers give those back in
 // seconds:
 //
-//   - Every worker says it is alive every aliveEvery (shaper.Gate.Alive,
+//   - Every worker says it is alive every aliveEvery (liveness.alive,
 //     its Redis health check: one round trip); one silent for deadAfter
 //     is dead to the others.
-//   - Every grant of a tick records who holds the call until then, in
-//     the same round trip (shaper.Request.Holder: the task's queue and
-//     id, scored by the tick).
+//   - Every grant of a tick records who holds the call, in the same
+//     round trip: the call's tag (shaper.Request.Tag, see tagOf) names
+//     the worker, the task's queue and its id, and the gate keeps it
+//     with the tick (shaper.Bucket.Tagged).
 //   - A worker that lived to see its last heartbeat L sends a call no
 //     sooner than its tick, and would have said it is alive again by
 //     L+aliveEvery: a call whose tick is after L+startedWithin never
@@ -102,15 +101,23 @@ redis.call('HSET', k_task, 'state', 'pending')
 return 1
 `)
 
-// holderOf names the call of a handler's ctx in the gate's record of held
-// calls: "queue|task id".
-func holderOf(ctx context.Context) string {
+// tagOf is the tag of the call of a handler's ctx in its bucket's record
+// (shaper.Request.Tag): "worker|queue|task id", the worker being this
+// one (worker ids hold no "|").
+func (w *Worker) tagOf(ctx context.Context) string {
 	q, ok1 := asynq.GetQueueName(ctx)
 	id, ok2 := asynq.GetTaskID(ctx)
 	if !ok1 || !ok2 {
 		return ""
 	}
-	return q + "|" + id
+	return w.live.worker + "|" + q + "|" + id
+}
+
+// taskOfTag splits a tag (see tagOf) into its worker and its task
+// ("queue|task id").
+func taskOfTag(tag string) (worker, task string) {
+	worker, task, _ = strings.Cut(tag, "|")
+	return worker, task
 }
 
 // requeueHeld puts task holder ("queue|id") back in its queue if it is
@@ -146,17 +153,17 @@ func (w *Worker) recoverDead(ctx context.Context) {
 		if now.Sub(since) < upFor {
 			continue
 		}
-		silent, err := w.gate.Silent(ctx, now, deadAfter)
+		silent, err := w.live.silent(ctx, now, deadAfter)
 		if err != nil {
 			continue
 		}
 		seen := make(map[string]bool, len(silent))
 		for _, s := range silent {
-			seen[s.Replica] = true
-			if last, done := swept[s.Replica]; done && last.Equal(s.LastSeen) {
+			seen[s.worker] = true
+			if last, done := swept[s.worker]; done && last.Equal(s.lastSeen) {
 				continue
 			}
-			swept[s.Replica] = s.LastSeen
+			swept[s.worker] = s.lastSeen
 			w.giveBack(ctx, s, now)
 		}
 		for r := range swept {
@@ -167,47 +174,51 @@ func (w *Worker) recoverDead(ctx context.Context) {
 	}
 }
 
-// giveBack requeues dead replica s's calls whose tick came after it
+// giveBack requeues dead worker s's calls whose tick came after it
 // could last have sent one, in every vendor of this worker.
-func (w *Worker) giveBack(ctx context.Context, s shaper.Silence, now time.Time) {
-	after := s.LastSeen.Add(startedWithin)
+func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
+	after := s.lastSeen.Add(startedWithin)
 	// The newest lease the dead worker can have given its calls: one
 	// renewed by its last moment, within a heartbeat or two of its last
 	// one; a worker that took a call since did so after deadAfter, under
 	// a lease at least that much newer (asynq's lease scores are whole
 	// seconds, by each worker's clock).
-	maxLease := s.LastSeen.Add(asynqLease + time.Second)
+	maxLease := s.lastSeen.Add(asynqLease + time.Second)
 	back, gone := 0, 0
 	for _, rt := range w.runtimes(nil) {
-		ctl := rt.bucket().Holds()
-		held, err := ctl.HeldBy(ctx, s.Replica, after)
+		bucket := rt.bucket()
+		tagged, err := bucket.Tagged(ctx, after)
 		if err != nil {
-			w.log.Warn("could not read a dead worker's calls; they come back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
+			w.log.Warn("could not read a dead worker's calls; they come back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.worker, "err", err)
 			continue
 		}
 		var done []string
-		for _, h := range held {
-			ok, err := requeueHeld(ctx, w.rdb, h, maxLease)
+		for _, t := range tagged {
+			worker, task := taskOfTag(t.Tag)
+			if worker != s.worker {
+				continue
+			}
+			ok, err := requeueHeld(ctx, w.rdb, task, maxLease)
 			if err != nil {
-				w.log.Warn("could not give a dead worker's call back to its queue; it comes back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.Replica, "err", err)
+				w.log.Warn("could not give a dead worker's call back to its queue; it comes back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.worker, "err", err)
 				break
 			}
-			done = append(done, h)
+			done = append(done, t.Tag)
 			if ok {
 				back++
 			} else {
 				gone++
 			}
 		}
-		if err := ctl.Release(ctx, s.Replica, done...); err != nil {
+		if err := bucket.Untag(ctx, done...); err != nil {
 			w.log.Debug("could not release a dead worker's held calls", "vendor", rt.vendor.Name, "err", err)
 		}
 	}
 	if back > 0 {
 		w.log.Info(fmt.Sprintf("a worker went silent %s ago: %d of its calls that had not started are back in their queues (calls that may have started come back when asynq's lease expires)",
-			now.Sub(s.LastSeen).Round(100*time.Millisecond), back), "worker", s.Replica, "last_seen", s.LastSeen.UTC().Format(time.RFC3339Nano))
+			now.Sub(s.lastSeen).Round(100*time.Millisecond), back), "worker", s.worker, "last_seen", s.lastSeen.UTC().Format(time.RFC3339Nano))
 	} else {
-		w.log.Debug("a worker went silent; none of its calls waited for a tick", "worker", s.Replica, "finished_or_taken", gone)
+		w.log.Debug("a worker went silent; none of its calls waited for a tick", "worker", s.worker, "finished_or_taken", gone)
 	}
 }
 
@@ -237,9 +248,15 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	if len(stale) == 0 {
 		return 0, nil
 	}
-	ticks, err := rt.bucket().Holds().HeldTicks(ctx)
+	tagged, err := rt.bucket().Tagged(ctx, time.Time{})
 	if err != nil {
 		return 0, err
+	}
+	ticks := make(map[string]time.Time, len(tagged)) // task -> its latest tick, whichever worker holds it
+	for _, t := range tagged {
+		if _, task := taskOfTag(t.Tag); t.Tick.After(ticks[task]) {
+			ticks[task] = t.Tick
+		}
 	}
 	back, started := 0, 0
 	for _, h := range stale {

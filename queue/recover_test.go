@@ -30,12 +30,13 @@ func TestRequeueHeldTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	var runs atomic.Int32
+	dead := &Worker{live: &liveness{worker: "dead-worker"}}
 	holding := make(chan string, 1)
 	release := make(chan struct{})
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 2, Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
 	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		if runs.Add(1) == 1 {
-			holding <- holderOf(ctx)
+			holding <- dead.tagOf(ctx)
 			<-release // the dead worker's handler: it never returns in time
 		}
 		return nil
@@ -43,14 +44,15 @@ func TestRequeueHeldTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	var holder string
+	var tag string
 	select {
-	case holder = <-holding:
+	case tag = <-holding:
 	case <-time.After(30 * time.Second):
 		t.Fatal("asynq did not run the task")
 	}
-	if holder != q+"|t1" {
-		t.Fatalf("holderOf = %q, want %q", holder, q+"|t1")
+	worker, holder := taskOfTag(tag)
+	if worker != "dead-worker" || holder != q+"|t1" {
+		t.Fatalf("tagOf = %q (worker %q, task %q), want dead-worker|%s|t1", tag, worker, holder, q)
 	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	if info, err := insp.GetTaskInfo(q, "t1"); err != nil || info.State != asynq.TaskStateActive {
@@ -185,7 +187,7 @@ func TestSweepStale(t *testing.T) {
 	take("granted", 20*time.Second)
 	take("too-old", 40*time.Second)
 	for { // a tick for "granted", which then passes
-		p, wait, err := rt.bucket().Ask(ctx, shaper.Request{Holder: q + "|granted"})
+		p, wait, err := rt.bucket().Ask(ctx, shaper.Request{Tag: "another-worker|" + q + "|granted"})
 		if err != nil {
 			t.Fatal(err)
 		}

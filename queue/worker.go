@@ -145,6 +145,7 @@ type Worker struct {
 	rdb  redis.UniversalClient
 	cfg  WorkerConfig
 	gate *shaper.Gate
+	live *liveness // the live workers, this one among them (alive.go)
 	insp *asynq.Inspector
 	log  *slog.Logger
 	// transport is the HTTP transport NewWorker made (nil when the
@@ -227,6 +228,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		handlers: map[string]HandlerFunc{},
 	}
 	w.health.log = w.log
+	w.live = newLiveness(rdb, cfg.KeyPrefix, w.gate.Replica())
 	for _, v := range cfg.Vendors {
 		rt, err := w.newRuntime(v)
 		if err != nil {
@@ -340,7 +342,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// is not dead to the others.
 	aliveCtx, stopAlive := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAlive()
-	wg.Go(func() { watchRedis(aliveCtx, w.gate, &w.health) })
+	wg.Go(func() { watchRedis(aliveCtx, w.live, &w.health) })
 	wg.Go(func() { w.recoverDead(ctx) })
 	problems := newProblemLog(w.log, &w.health)
 	ww := &workWatch{}

@@ -70,11 +70,12 @@ type Request struct {
 	// bounded by the calls waiting ahead (a job runner's concurrency over
 	// its replicas) at the bucket's rate.
 	Backlogged func(wait time.Duration)
-	// Holder, when set, names the call (the queue sets its task) in the
-	// gate's record of who holds which call until its tick, in the same
-	// round trip as the grant: when this replica dies, another can tell
-	// its calls that never started (Control.HeldBy).
-	Holder string
+	// Tag, when set, is recorded with the call's tick in the bucket's
+	// record of tags (Bucket.Tagged), in the grant's round trip: a job
+	// runner names the worker and the call, so that when the worker
+	// dies another can tell its calls whose tick it did not live to see.
+	// It holds no newline.
+	Tag string
 }
 
 // ErrCost is returned for a cost no limit of the bucket can admit.

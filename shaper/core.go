@@ -146,15 +146,15 @@ local function widest(wide, wide_at, mine, iv, b, live, now)
   return math.max(iv, wiv), math.min(b, wb), nil, nil
 end
 
--- keep_alive(k, untilv, kept, paused, keep, held_keep, now): the bucket's
--- keys (k: gate, control, ticks, expiry, held, member) outlive untilv, and
--- the held record loses the entries held_keep past their tick. The keys
+-- keep_alive(k, untilv, kept, paused, keep, tag_keep, now): the bucket's
+-- keys (k: gate, control, ticks, expiry, tags, member) outlive untilv, and
+-- the tag record loses the entries tag_keep past their tick. The keys
 -- are extended a little further than asked (a quarter of keep, at most a
 -- second), and only once untilv passes what they were last extended to
 -- (kept, in the gate hash's line), so that a busy bucket extends them a
 -- few times a keep rather than on every grant. Returns what they were
 -- extended to, for the line (nil: not extended).
-local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
+local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   if untilv <= kept then return nil end
   untilv = untilv + math.min(1000000, math.floor(keep / 4))
   extend(k.gate, untilv, now)
@@ -163,9 +163,9 @@ local function keep_alive(k, untilv, kept, paused, keep, held_keep, now)
   redis.call('ZADD', k.expiry, 'GT', untilv, k.member)
   redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
   extend(k.expiry, untilv, now)
-  if held_keep > 0 then
-    redis.call('ZREMRANGEBYSCORE', k.held, '-inf', '(' .. fmt(now - held_keep))
-    extend(k.held, untilv + held_keep, now)
+  if tag_keep > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.tags, '-inf', '(' .. fmt(now - tag_keep))
+    extend(k.tags, untilv + tag_keep, now)
   end
   return untilv
 end
@@ -225,11 +225,11 @@ const grantFold = 8
 var grantFoldLua = fmt.Sprint(grantFold)
 
 // coreKeyNames names the core script's KEYS, in order (TestScriptBindings).
-var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "held"}
+var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "tags"}
 
 // coreKeys lists the core script's keys, in the order of coreKeyNames.
 func (k bucketKeys) core() []string {
-	return []string{k.gate, k.control, k.stats, k.ticks, k.expiry, k.held}
+	return []string{k.gate, k.control, k.stats, k.ticks, k.expiry, k.tags}
 }
 
 // coreArgs are the core script's ARGV, in order (TestScriptBindings).
@@ -246,14 +246,14 @@ type coreArgs struct {
 	Live     int64  `lua:"live"`     // µs a policy granted under keeps counting (replicaLive)
 	TickLog  int    `lua:"tick_log"` // length of the ticks list
 	Server   string `lua:"server"`   // the run a state written on this server records (runOf; "": the server is unknown)
-	Holders  string `lua:"holders"`  // the calls asking, in their order: who holds each until its tick, each followed by "\n" ("\n" alone: one call, no record)
+	Tags     string `lua:"tags"`     // the calls asking, in their order: each one's tag (Request.Tag), followed by "\n" ("\n" alone: one call, no tag)
 	Adapt    string `lua:"adapt"`    // "span|window|rate": the limit's window + guard and window (µs), the configured rate
-	Keeping  string `lua:"keeping"`  // "held_keep|member": µs a held record outlives its tick, the bucket's name in its group ("" for a group of one)
+	Keeping  string `lua:"keeping"`  // "tag_keep|member": µs a tag outlives its tick in the record, the bucket's name in its group ("" for a group of one)
 }
 
 // argv returns the arguments in the order of the struct's fields.
 func (a coreArgs) argv() []any {
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Holders, a.Adapt, a.Keeping}
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Tags, a.Adapt, a.Keeping}
 }
 
 // coreFunction reserves the next ticks of count calls of the common bucket,
@@ -279,7 +279,7 @@ local k_control = KEYS[2]
 local k_stats = KEYS[3]
 local k_ticks = KEYS[4]
 local k_expiry = KEYS[5]
-local k_held = KEYS[6]
+local k_tags = KEYS[6]
 -- x + 0 makes a number of a string with one strtod, where tonumber(x)
 -- makes two: this script reads a dozen numbers on every grant.
 local a_now = ARGV[1] + 0
@@ -291,7 +291,7 @@ local a_mine = ARGV[6]
 local a_live = ARGV[7] + 0
 local a_tick_log = ARGV[8] + 0
 local a_server = ARGV[9]
-local a_holders = ARGV[10]
+local a_tags = ARGV[10]
 local a_adapt = ARGV[11]
 local a_keeping = ARGV[12]
 
@@ -332,17 +332,15 @@ end
 -- Each call in turn: the next tick on the line, or beyond the horizon a
 -- moment to come back, one tick after the last deferred caller's (read
 -- only then).
-local holders = {''}
-if a_holders ~= '\n' then
-  holders = {}
-  for h in string.gmatch(a_holders, '([^\n]*)\n') do holders[#holders + 1] = h end
+local tags = {''}
+if a_tags ~= '\n' then
+  tags = {}
+  for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
 end
-local replica = nil -- the caller's, for the held record (from mine)
-if a_holders ~= '\n' then replica = string.match(a_mine, '^%d+|%d+|(.*)$') end
-local out, ticks, held = nil, {}, {}
+local out, ticks, tagged = nil, {}, {}
 local pace, at = math.floor(interval / burst), 0
 local from, deferred = math.max(now, paused), 0
-for i = 1, #holders do
+for i = 1, #tags do
   local tick, code, why = from, GRANTED, 0
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
   if tick - now > a_horizon then
@@ -355,14 +353,14 @@ for i = 1, #holders do
     if tick == last then n = n + 1 else n = 1 end
     last = tick
     ticks[#ticks + 1] = tick_item(tick)
-    if holders[i] ~= '' then put(held, fmt(tick), replica .. '|' .. holders[i]) end
+    if tags[i] ~= '' then put(tagged, fmt(tick), tags[i]) end
   end
   local wait = tick - now
   if code == DEFERRED then wait = at - now end
   if out == nil then out = {code, wait, why, tick, tol} else put(out, code, wait, why, tick) end
 end
 
--- The line, the ticks list and the held record; the keys' expiry once
+-- The line, the ticks list and the tag record; the keys' expiry once
 -- the line passes what they were extended to; the widest tick and the
 -- deferred moment when they changed.
 local m = math.floor(now / 60000000)
@@ -370,13 +368,13 @@ if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
   log_ticks(k_ticks, ticks, last, a_tick_log, a_keep, now)
-  if #held > 0 then redis.call('ZADD', k_held, unpack(held)) end
+  if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
 end
 local untilv = math.max(last, at) + a_keep
 if untilv > kept then
-  local held_keep, member = string.match(a_keeping, '^(%d+)|(.*)$')
-  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = member}
-  kept = keep_alive(keys, untilv, kept, paused, a_keep, tonumber(held_keep), now)
+  local tag_keep, member = string.match(a_keeping, '^(%d+)|(.*)$')
+  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = member}
+  kept = keep_alive(keys, untilv, kept, paused, a_keep, tonumber(tag_keep), now)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
 end
 -- (widest gives a new wide_at with every new wide, and keeps wide only

@@ -106,7 +106,7 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 		}
 		reqs := make([]Request, k)
 		for i := range reqs {
-			reqs[i].Holder = fmt.Sprintf("q|task-%d-%d", step, i)
+			reqs[i].Tag = fmt.Sprintf("w|q|task-%d-%d", step, i)
 		}
 		rcs, err := bc.reserveMany(ctx, reqs)
 		if err != nil {
@@ -128,21 +128,21 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			clk.advance(rc.wait + time.Duration(rng.IntN(20))*time.Millisecond)
 		}
 	}
-	// Both record who holds each call granted a tick.
-	hc, err := bc.Holds().HeldTicks(ctx)
+	// Both record each granted call's tag with its tick.
+	hc, err := bc.Tagged(ctx, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hf, err := bf.Holds().HeldTicks(ctx)
+	hf, err := bf.Tagged(ctx, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(hc) == 0 || len(hc) != len(hf) {
-		t.Errorf("held records: %d from the core script, %d from the full one", len(hc), len(hf))
+		t.Errorf("tag records: %d from the core script, %d from the full one", len(hc), len(hf))
 	}
-	for h, tick := range hf {
-		if !hc[h].Equal(tick) {
-			t.Errorf("holder %s: tick %v in the core script's record, %v in the full one's", h, hc[h], tick)
+	for i := range min(len(hc), len(hf)) {
+		if hc[i].Tag != hf[i].Tag || !hc[i].Tick.Equal(hf[i].Tick) {
+			t.Errorf("tag %d: %+v in the core script's record, %+v in the full one's", i, hc[i], hf[i])
 			break
 		}
 	}

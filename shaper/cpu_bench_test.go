@@ -24,7 +24,7 @@ import (
 // trip, bounds how many calls one Redis can shape. The cases:
 //
 //   - common: one limit, no total, one lane (the core script);
-//   - common-held: the same with a holder recorded, as the queue's calls
+//   - common-tagged: the same with a tag recorded, as the queue's calls
 //     do;
 //   - batched: the common bucket's calls asked for 16 at a time (a
 //     worker holding 16 calls of one bucket under a backlog), per call;
@@ -57,7 +57,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	held, err := g.Bucket("cpu-held", fast)
+	tagged, err := g.Bucket("cpu-tagged", fast)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -89,10 +89,10 @@ func BenchmarkRedisCPU(b *testing.B) {
 		calls int // calls granted per run
 	}{
 		{"common", func(int) error { return grant(common, Request{}) }, 1},
-		{"common-held", func(i int) error { return grant(held, Request{Holder: "vendor:cpu|task-" + strconv.Itoa(i)}) }, 1},
+		{"common-tagged", func(i int) error { return grant(tagged, Request{Tag: "worker|vendor:cpu|task-" + strconv.Itoa(i)}) }, 1},
 		{"batched", func(i int) error {
 			for j := range batch {
-				batch[j].Holder = "vendor:cpu|task-" + strconv.Itoa(i*cpuBatch+j)
+				batch[j].Tag = "worker|vendor:cpu|task-" + strconv.Itoa(i*cpuBatch+j)
 			}
 			rs, err := batched.reserveMany(ctx, batch)
 			for _, r := range rs {

@@ -77,12 +77,10 @@ type bucketKeys struct {
 	// countersLua), and totalCounts the group's, of its total's limits.
 	counts      string
 	totalCounts string
-	// held is a sorted set of the calls granted a tick that name a
-	// holder (Request.Holder), member "replica|holder", scored by the
-	// tick (µs); entries leave it heldKeep after their tick. Read when a
-	// replica dies (HeldBy): its calls whose tick it did not live to see
-	// never started.
-	held string
+	// tags is a sorted set of the tags of the calls granted a tick
+	// (Request.Tag), scored by the tick (µs); entries leave it tagKeep
+	// after their tick (see Bucket.Tagged).
+	tags string
 	// check is a short-lived string a server check writes (see
 	// checkScript): a replica refuses the write.
 	check string
@@ -98,7 +96,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
-		counts: b("counts"), totalCounts: g("total_counts"), held: g("held"), check: g("check"),
+		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"),
 	}
 }
 
@@ -106,7 +104,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 // reserveKeyNames.
 func (k bucketKeys) reserve() []string {
 	return []string{k.gate, k.control, k.stats, k.inFlight, k.epoch, k.expiry, k.total, k.asking, k.rates,
-		k.slots, k.ticks, k.counts, k.totalCounts, k.held}
+		k.slots, k.ticks, k.counts, k.totalCounts, k.tags}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.

@@ -206,7 +206,7 @@ end
 // script binds each to a local k_<name>, and bucketKeys.reserve returns
 // them in this order (TestScriptBindings keeps the three equal).
 var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "epoch", "expiry", "total",
-	"asking", "rates", "slots", "ticks", "counts", "total_counts", "held"}
+	"asking", "rates", "slots", "ticks", "counts", "total_counts", "tags"}
 
 // reserveArgs are the reserve script's ARGV, in order: the script binds
 // each to a local a_<lua tag> (TestScriptBindings).
@@ -245,8 +245,8 @@ type reserveArgs struct {
 	TotalLimits   string  `lua:"total_limits"` // the total's limits (limitSpec; "" without one)
 	Recheck       int64   `lua:"recheck"`      // quiet time (µs) before a learned rate probes toward est_hi (Adapt.Recheck windows)
 	Ceiling       float64 `lua:"ceiling"`      // see raiseLua (Adapt.Ceiling)
-	Holder        string  `lua:"holder"`       // who holds the call until its tick (Request.Holder; "": no record)
-	HeldKeep      int64   `lua:"held_keep"`    // µs a held record outlives its tick
+	Tag           string  `lua:"tag"`          // the call's tag (Request.Tag; "": none)
+	TagKeep       int64   `lua:"tag_keep"`     // µs a tag outlives its tick in the record
 	Server        string  `lua:"server"`       // the server's run_id as the gate knows it ("": ask INFO; noServer: unknown)
 }
 
@@ -259,7 +259,7 @@ func (a reserveArgs) argv() []any {
 	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
 		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
 		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
-		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Holder, a.HeldKeep, a.Server}
+		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Tag, a.TagKeep, a.Server}
 }
 
 // reserveScript reserves the next tick of one call, of its bucket and of
@@ -560,7 +560,7 @@ local k_slots = KEYS[10]
 local k_ticks = KEYS[11]
 local k_counts = KEYS[12]
 local k_total_counts = KEYS[13]
-local k_held = KEYS[14]
+local k_tags = KEYS[14]
 
 local a_now = tonumber(ARGV[1])
 local a_interval = ARGV[2]
@@ -595,10 +595,10 @@ local a_limits = ARGV[30]
 local a_total_limits = ARGV[31]
 local a_recheck = tonumber(ARGV[32])
 local a_ceiling = tonumber(ARGV[33])
-local a_holder = ARGV[34]
-local a_held_keep = tonumber(ARGV[35])
+local a_tag = ARGV[34]
+local a_tag_keep = tonumber(ARGV[35])
 local a_server = ARGV[36]
-local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, held = k_held, member = a_member}
+local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
 
 local now = now_from(a_now)
 local tiv = a_total_interval
@@ -691,11 +691,11 @@ if lost then
   end
 end
 
--- keep_line(k, untilv, paused, held_keep): keep_alive, and the line's
+-- keep_line(k, untilv, paused, tag_keep): keep_alive, and the line's
 -- kept with what it extended the keys to (a state without a line keeps
 -- nothing: its next call extends them again).
-local function keep_line(k, untilv, paused, held_keep)
-  local ext = keep_alive(k, untilv, kept, paused, a_keep, held_keep, now)
+local function keep_line(k, untilv, paused, tag_keep)
+  local ext = keep_alive(k, untilv, kept, paused, a_keep, tag_keep, now)
   if ext and last then
     kept = ext
     redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept))
@@ -859,9 +859,9 @@ if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if a_tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, a_tick_log, a_keep, now) end
--- Who holds the call until its tick (see HeldBy).
-if a_holder ~= '' then redis.call('ZADD', k_held, fmt(tick), a_replica .. '|' .. a_holder) end
-keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_held_keep)
+-- The call's tag, with its tick (see Bucket.Tagged).
+if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_tag_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
@@ -950,7 +950,7 @@ func (b *Bucket) reserveMany(ctx context.Context, reqs []Request) ([]reservation
 // of one unit in the normal lane, to a bucket of the common shape, whose
 // holder can be told from the next in a batch.
 func (b *Bucket) batchable(req Request) bool {
-	return b.core && max(req.Cost, 1) == 1 && req.Lane == Normal && !strings.Contains(req.Holder, "\n")
+	return b.core && max(req.Cost, 1) == 1 && req.Lane == Normal && !strings.Contains(req.Tag, "\n")
 }
 
 // reserveAt runs the core script for all of reqs when they fit it and the
@@ -1070,17 +1070,17 @@ func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, 
 func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	p := b.policy
 	iv, burst, guard, _ := b.spacing()
-	var holders strings.Builder
+	var tags strings.Builder
 	for _, r := range reqs {
-		holders.WriteString(r.Holder)
-		holders.WriteByte('\n')
+		tags.WriteString(r.Tag)
+		tags.WriteByte('\n')
 	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		Keep: b.keep.Microseconds(), Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
-		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: runOf(server), Holders: holders.String(),
+		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: runOf(server), Tags: tags.String(),
 		Adapt:   fmt.Sprintf("%d|%d|%d", (p.Limits[0].Window + guard).Microseconds(), p.Limits[0].Window.Microseconds(), p.Limits[0].Rate),
-		Keeping: strconv.FormatInt(heldKeep.Microseconds(), 10) + "|" + b.member,
+		Keeping: strconv.FormatInt(tagKeep.Microseconds(), 10) + "|" + b.member,
 	}
 }
 
@@ -1098,7 +1098,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 		Rate: cfg, RaiseStep: ra.Step, Quiet: ra.Quiet, Probe: ra.Probe, Recheck: ra.Recheck, Ceiling: ra.Ceiling,
 		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
 		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,
-		Holder: req.Holder, HeldKeep: heldKeep.Microseconds(),
+		Tag: req.Tag, TagKeep: tagKeep.Microseconds(),
 	}
 	if t := b.total; t != nil {
 		args.TotalInterval, args.TotalBurst, args.TotalSpan, args.TotalRate = t.interval.Microseconds(), t.burst, t.span.Microseconds(), t.rate

@@ -1,0 +1,57 @@
+package shaper
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// tagKeep is how long a tag stays in a bucket's record after its tick:
+// long enough for a job runner to see that a worker died (seconds) and to
+// find a call under a lease nobody renews (queue's stall sweep, 15 s
+// after the last renewal) while its grant is still in the record; short
+// enough that the record is half a minute of grants at most, whatever
+// the backlog.
+const tagKeep = 30 * time.Second
+
+// Tagged is a tag of a granted call (Request.Tag) and the call's tick.
+type Tagged struct {
+	Tag  string
+	Tick time.Time // Redis time
+}
+
+// Tagged returns the tags of the calls granted a tick after after (Redis
+// time), oldest tick first, whichever replica granted them. A tag leaves
+// the record 30 s after its tick, or at Untag; a tag granted again keeps
+// its latest tick.
+func (b *Bucket) Tagged(ctx context.Context, after time.Time) ([]Tagged, error) {
+	zs, err := b.gate.rdb.ZRangeByScoreWithScores(ctx, b.keys.tags, &redis.ZRangeBy{
+		Min: "(" + strconv.FormatInt(after.UnixMicro(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shaper: tags of %q: %w", b.name, unavailable(ctx, err))
+	}
+	out := make([]Tagged, 0, len(zs))
+	for _, z := range zs {
+		tag, _ := z.Member.(string)
+		out = append(out, Tagged{Tag: tag, Tick: time.UnixMicro(int64(z.Score))})
+	}
+	return out, nil
+}
+
+// Untag takes tags out of the bucket's record.
+func (b *Bucket) Untag(ctx context.Context, tags ...string) error {
+	if len(tags) == 0 {
+		return nil
+	}
+	members := make([]any, len(tags))
+	for i, t := range tags {
+		members[i] = t
+	}
+	if err := b.gate.rdb.ZRem(ctx, b.keys.tags, members...).Err(); err != nil {
+		return fmt.Errorf("shaper: untag calls of %q: %w", b.name, unavailable(ctx, err))
+	}
+	return nil
+}
