@@ -10,11 +10,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The core script runs as a Redis function where the server has them
-// (Redis 7 and later): loaded once per server with FUNCTION LOAD, then
-// called with FCALL. A script run by EVALSHA defines its helpers anew on
-// every call, about a tenth of the common grant's Redis CPU; a function's
-// library defines them once, when it is loaded. Where Functions are
+// The reserve scripts, the core and the full one, run as Redis functions
+// where the server has them (Redis 7 and later): loaded once per server
+// with FUNCTION LOAD, then called with FCALL. A script run by EVALSHA
+// defines its helpers anew on every call, about a tenth of the common
+// grant's Redis CPU and more of the full one's; a function's library
+// defines them once, when it is loaded. Where Functions are
 // missing (Redis before 7, the embedded Redis, an ACL that refuses them)
 // the gate runs the same Lua as a script, as before: the grant is the
 // same, only its cost differs.

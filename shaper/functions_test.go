@@ -33,37 +33,43 @@ func grantsOn(t *testing.T, g *Gate, n int) {
 	}
 }
 
-// TestCoreRunsAsAFunction: on a Redis with Functions the core is loaded
-// as a library at the first grant and called with FCALL; a server that
-// lost it (FUNCTION DELETE here, a restart without persistence or a
-// promoted replica in production) gets it again at the next grant.
-func TestCoreRunsAsAFunction(t *testing.T) {
+// TestGrantsRunAsFunctions: on a Redis with Functions the core and the
+// full reserve script are loaded as libraries at their first grant (a new
+// bucket's first grant is the full script's) and called with FCALL; a
+// server that lost one (FUNCTION DELETE here, a restart without
+// persistence or a promoted replica in production) gets it again at the
+// next grant that needs it. A library that failed to load would leave the
+// gate running scripts, and this test failing.
+func TestGrantsRunAsFunctions(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := context.Background()
 	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	loaded := func() bool {
+	loaded := func(f *function) bool {
 		t.Helper()
-		libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: coreFunction.name}).Result()
+		libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: f.name}).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(libs) == 1 && len(libs[0].Functions) == 1 && libs[0].Functions[0].Name == coreFunction.name
+		return len(libs) == 1 && len(libs[0].Functions) == 1 && libs[0].Functions[0].Name == f.name
 	}
 	grantsOn(t, g, 20)
-	if g.noFunctions.Load() || !loaded() {
-		t.Fatalf("after 20 grants: functions off %v, %s loaded %v; want the core loaded as a function", g.noFunctions.Load(), coreFunction.name, loaded())
+	for _, f := range []*function{coreFunction, reserveFunction} {
+		if g.noFunctions.Load() || !loaded(f) {
+			t.Fatalf("after 20 grants: functions off %v, %s loaded %v; want it loaded as a function", g.noFunctions.Load(), f.name, loaded(f))
+		}
 	}
 	if err := rdb.FunctionDelete(ctx, coreFunction.name).Err(); err != nil {
 		t.Fatal(err)
 	}
 	grantsOn(t, g, 5)
-	if g.noFunctions.Load() || !loaded() {
-		t.Errorf("after the library was deleted: functions off %v, loaded %v; want it loaded again", g.noFunctions.Load(), loaded())
+	if g.noFunctions.Load() || !loaded(coreFunction) {
+		t.Errorf("after the library was deleted: functions off %v, loaded %v; want it loaded again", g.noFunctions.Load(), loaded(coreFunction))
 	}
 }
 
 // TestCoreRunsAsAScriptWithoutFunctions: the embedded Redis has no
-// Functions (nor has Redis before 7): the core runs as a script.
+// Functions (nor has Redis before 7): the core and the full reserve
+// script run as scripts.
 func TestCoreRunsAsAScriptWithoutFunctions(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})

@@ -262,7 +262,7 @@ func (a reserveArgs) argv() []any {
 		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Tag, a.TagKeep, a.Server}
 }
 
-// reserveScript reserves the next tick of one call, of its bucket and of
+// reserveFunction reserves the next tick of one call, of its bucket and of
 // its group's total when it has one. The model: a bucket has limits, each
 // spaced (its calls one tick apart, the tick from the spaced limits, see
 // tickFor) or a quota (counted, see countersLua); a call starts at the
@@ -276,8 +276,16 @@ func (a reserveArgs) argv() []any {
 // reason says why (see deferReason). A tolerance is returned when a margin
 // was learned (see Control.Refused); run_id is the server's, as read by
 // INFO when the gate did not know it (noServer where INFO is refused).
-var reserveScript = redis.NewScript(codesLua + fmtLua + nowLua + minuteCounterLua + spacingLua + extendLua + raiseLua + countersLua +
-	lineFieldLua + lineLua + reserveLua)
+//
+// It runs as a Redis function where the server has them (see
+// functions.go): its steps, defined before the bindings, are then
+// defined once, when the library is loaded, not on every grant.
+var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCounterLua+spacingLua+extendLua+raiseLua+countersLua+
+	lineFieldLua+lineLua+reserveLua[:strings.Index(reserveLua, reserveBody)], reserveLua[strings.Index(reserveLua, reserveBody):])
+
+// reserveBody is where reserveLua's bindings, and so the part run on each
+// call, begin.
+const reserveBody = "local k_gate = KEYS[1]\n"
 
 // reserveLua is the main part of the reserve script.
 const reserveLua = `-- Each step of the model is a function of its inputs, defined before the
@@ -986,7 +994,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		}
 		args := b.reserveArgs(req, lease)
 		args.Server = server
-		res, err := reserveScript.Run(ctx, b.gate.rdb, b.keys.reserve(), args.argv()...).Slice()
+		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -1009,7 +1017,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 }
 
 // parseReply reads a reserve script's reply for n calls: {code, wait,
-// reason, tick, tolerance[, run_id]} for the first (see reserveScript),
+// reason, tick, tolerance[, run_id]} for the first (see reserveFunction),
 // then {code, wait, reason, tick} for each other one (see coreFunction); a
 // deferral of the whole batch (a high call waits) answers the first call
 // only, for all of them. ok is false when the core script handed the
