@@ -281,7 +281,7 @@ func (a reserveArgs) argv() []any {
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
 var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCounterLua+spacingLua+extendLua+raiseLua+countersLua+
-	lineFieldLua+lineLua+reserveLua[:strings.Index(reserveLua, reserveBody)], reserveLua[strings.Index(reserveLua, reserveBody):])
+	lineFieldLua+lineLua+groupLua+reserveLua[:strings.Index(reserveLua, reserveBody)], reserveLua[strings.Index(reserveLua, reserveBody):])
 
 // reserveBody is where reserveLua's bindings, and so the part run on each
 // call, begin.
@@ -317,50 +317,6 @@ local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
     burst = b
   end
   return interval, burst, rate
-end
-
--- fair_pace: the fair share of the group's total among its buckets with
--- waiting callers (max-min: water-filling), recomputed at most every
--- 250 ms, as µs per call (0: the total does not bind). asked holds the
--- gate hash (key) and when and at what rate the bucket last said it was
--- asking (at, rate).
-local function fair_pace(k_total, k_asking, k_rates, member, own_s, total_rate, total_span, horizon, keep, interval, now, asked)
-  -- The bucket says it is asking (and at what rate) once per half of what
-  -- it is counted for, not on every call: its gate hash keeps when.
-  local span = math.max(interval, horizon)
-  if asked.rate ~= own_s or now - (tonumber(asked.at) or 0) >= span / 2 then
-    redis.call('ZADD', k_asking, now + 2 * span, member)
-    redis.call('HSET', k_rates, member, own_s)
-    redis.call('HSET', asked.key, 'asked_at', fmt(now), 'asked_rate', own_s)
-  end
-  local share, share_at = unpack(redis.call('HMGET', k_total, 'share', 'share_at'))
-  share = tonumber(share)
-  if share == nil or now - (tonumber(share_at) or 0) > 250000 then
-    local gone = redis.call('ZRANGEBYSCORE', k_asking, '-inf', now, 'LIMIT', 0, 1000)
-    for i = 1, #gone, 500 do
-      redis.call('HDEL', k_rates, unpack(gone, i, math.min(i + 499, #gone)))
-    end
-    if #gone > 0 then redis.call('ZREM', k_asking, unpack(gone)) end
-    local asking = redis.call('ZRANGEBYSCORE', k_asking, now, '+inf')
-    local rates = {}
-    for i = 1, #asking, 500 do
-      local part = redis.call('HMGET', k_rates, unpack(asking, i, math.min(i + 499, #asking)))
-      for _, r in ipairs(part) do rates[#rates + 1] = tonumber(r) or 0 end
-    end
-    table.sort(rates)
-    local left = total_rate
-    share = 0
-    for i, r in ipairs(rates) do
-      local rest = #rates - i + 1
-      if r * rest > left then share = left / rest break end
-      left = left - r
-    end
-    redis.call('HSET', k_total, 'share', tostring(share), 'share_at', fmt(now))
-    extend(k_asking, now + 2000000 + keep, now)
-    extend(k_rates, now + 2000000 + keep, now)
-  end
-  if share > 0 and share < tonumber(own_s) then return math.ceil(total_span / share) end
-  return 0
 end
 
 -- server: which Redis server this is and whether it changed. A state
@@ -432,89 +388,6 @@ local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, 
     redis.call('HSET', k_gate, 'warm', fmt(warm))
   end
   return warm
-end
-
--- earliest(l, u, iv, b, t, cost): the earliest tick at or after t for a
--- call of cost units on a line of ticks iv apart, each carrying at most b
--- units, whose last tick l carries u units. A tick is followed by one
--- interval per b units it carried, unless charge is false (the counters
--- keep the units). A respace marks a tick spent (u of SPENT, see
--- respaceScript): one interval follows it.
-local function earliest(l, u, iv, b, t, cost, charge)
-  if l == nil then return t end
-  if t <= l and u + cost <= b then return l end
-  local e = l + iv
-  if charge and u < SPENT then e = l + iv * math.max(1, math.ceil(u / b)) end
-  return math.max(t, e)
-end
-
--- logged(l, u, b, kth, span, t, cost): earliest for a bucket that
--- keeps the log of its last k ticks (in a group with a total), whose
--- k-th last tick is kth (nil: fewer): a new tick comes at least span
--- after it, which keeps at most k ticks in any window while letting a
--- bucket the total pushed later catch up.
-local function logged(l, u, b, kth, span, t, cost)
-  if l ~= nil and t <= l and u + cost <= b then return l end
-  local c = t
-  if l ~= nil and c <= l then c = l + 1 end
-  if kth then c = math.max(c, kth + span) end
-  return c
-end
-
--- log_cut(log, k): the k-th tick of a log of ticks (newest first, comma
--- separated; nil when it holds fewer), and its first k - 1 ticks as they
--- are written: what the next tick's log keeps after it. Only the k-th
--- tick is read as a number.
-local function log_cut(log, k)
-  local from = 1
-  for _ = 1, k - 1 do
-    local c = string.find(log, ',', from, true)
-    if not c then return nil, log end
-    from = c + 1
-  end
-  local c = string.find(log, ',', from, true)
-  return tonumber(string.sub(log, from, (c or 0) - 1)), string.sub(log, 1, math.max(from - 2, 0))
-end
-
--- first_clear(key, from, to): the first clear bit of the bitmap at key
--- in bits from..to, or -1. BITPOS's BIT unit is Redis 7's: on a Redis
--- without it (the embedded one) the bytes are read and scanned here, a
--- full byte at a time.
-local function first_clear(key, from, to)
-  local p = redis.pcall('BITPOS', key, 0, from, to, 'BIT')
-  if type(p) == 'number' then
-    if p > to then return -1 end
-    return p
-  end
-  local first = math.floor(from / 8)
-  local bytes = redis.call('GETRANGE', key, first, math.floor(to / 8))
-  local q = from
-  while q <= to do
-    local b = string.byte(bytes, math.floor(q / 8) - first + 1)
-    if not b then return q end
-    if b == 255 and q % 8 == 0 then
-      q = q + 8
-    else
-      if math.floor(b / 2 ^ (7 - q % 8)) % 2 == 0 then return q end
-      q = q + 1
-    end
-  end
-  return -1
-end
-
--- free_slot: the earliest free slot of the total's ring bitmap at or
--- after t (beyond the horizon if none).
-local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
-  local j = math.ceil(math.max(t, blocked + tiv) / tiv)
-  local limit = math.floor((now + horizon) / tiv)
-  while j <= limit do
-    local pos = j % ring
-    local span = math.min(ring - 1 - pos, limit - j)
-    local p = first_clear(k_slots, pos, pos + span)
-    if p >= 0 then return (j + p - pos) * tiv end
-    j = j + span + 1
-  end
-  return (limit + 1) * tiv
 end
 
 -- counters_in_use(all, spaced): the quotas of all, and its spaced limits
@@ -638,10 +511,16 @@ local lguard = tonumber(ctl.guard)
 -- it shapes the bucket (see adaptedLua): say it again for a state made
 -- anew.
 if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
+local ts = {} -- the total's hash, read by name
+if tiv > 0 then
+  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept, ts.share, ts.share_at = unpack(redis.call('HMGET',
+    k_total, 'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept', 'share', 'share_at'))
+end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
-  fair = fair_pace(k_total, k_asking, k_rates, a_member, a_own_rate, a_total_rate, a_total_span, a_horizon, a_keep, interval, now,
-    {key = k_gate, at = st.asked_at, rate = st.asked_rate})
+  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = a_own_rate,
+    rate = a_total_rate, span = a_total_span, horizon = a_horizon, keep = a_keep, asked_at = st.asked_at,
+    asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at}, interval, now)
 end
 
 -- 2. The state, and whether it was lost.
@@ -658,10 +537,7 @@ local reason = BEYOND_HORIZON
 local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
 local total_costly, total_last = 0, nil
-local ts = {} -- the total's hash, read by name
 if tiv > 0 then
-  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept = unpack(redis.call('HMGET', k_total,
-    'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept'))
   total_costly, total_last = tonumber(ts.costly_until) or 0, tonumber(ts.last)
   totals = counters_in_use(parse_limits(a_total_limits), a_cost > 1 or total_costly > now)
 end
@@ -749,17 +625,8 @@ if tiv > 0 then
     end
   end
   if a_ring > 0 then
-    if redis.call('EXISTS', k_slots) == 0 then
-      -- A new ring expires as the total does: at once, since grants
-      -- extend it only as their ticks pass the total's 'kept'.
-      redis.call('SETBIT', k_slots, a_ring - 1, 0)
-      extend(k_slots, math.max(tonumber(ts.kept) or 0, now + a_keep), now)
-    end
-    local cur = math.floor(now / tiv)
-    local cleared = tonumber(ts.cleared) or (cur - 1)
-    if cur - 1 - cleared >= a_ring then cleared = cur - 1 - a_ring end
-    for j = cleared + 1, cur - 1 do redis.call('SETBIT', k_slots, j % a_ring, 0) end
-    redis.call('HSET', k_total, 'cleared', fmt(cur - 1))
+    local cleared = ring_cleared(k_slots, a_ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, a_keep, now)
+    redis.call('HSET', k_total, 'cleared', fmt(cleared))
   end
 end
 
@@ -811,19 +678,8 @@ end
 -- total's slots they need before the others take them.
 local horizon = a_horizon
 if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
-for _ = 1, 8 do
-  local a
-  if k > 0 then a = logged(last, n, burst, kth, a_span, tick, a_cost)
-  else a = earliest(last, n, interval, burst, tick, a_cost, charge) end
-  local b = a
-  if tiv > 0 and a_ring > 0 then
-    b = free_slot(k_slots, a_ring, a, blocked, tiv, horizon, now)
-  elseif tiv > 0 then
-    b = earliest(tlast, tn, tiv, a_total_burst, math.max(a, blocked), 1, true)
-  end
-  tick = b
-  if b == a then break end
-end
+tick = fit({last = last, n = n, interval = interval, burst = burst, cost = a_cost, charge = charge, k = k, kth = kth, span = a_span},
+  {iv = tiv, burst = a_total_burst, last = tlast, n = tn, blocked = blocked, ring = a_ring, slots = k_slots, horizon = horizon, now = now}, tick)
 
 -- 8. Beyond the horizon, or at the in-flight cap: come back later. Each
 -- deferred caller gets its own moment to come back, one tick apart in
@@ -873,24 +729,10 @@ keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_t
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
-  if tick == tlast then tn = tn + 1 else tn = 1 end
-  local tset = {'last', fmt(math.max(tick, tlast or 0)), 'n', tn, 'run', runid}
-  -- The total's keys outlive the tick by keep: extended a little further
-  -- (a quarter of keep, at most a second) once the tick passes what they
-  -- were last extended to (its 'kept'), as the bucket's keys are.
-  local tkept = tonumber(ts.kept) or 0
-  if tick + a_keep > tkept then
-    tkept = tick + a_keep + math.min(1000000, math.floor(a_keep / 4))
-    put(tset, 'kept', fmt(tkept))
-  end
-  redis.call('HSET', k_total, unpack(tset))
-  if a_ring > 0 then redis.call('SETBIT', k_slots, math.floor(tick / tiv) % a_ring, 1) end
-  if tkept ~= (tonumber(ts.kept) or 0) then
-    extend(k_total, tkept, now)
-    if a_ring > 0 then extend(k_slots, tkept, now) end
-  end
-  for _, c in ipairs(totals) do counter_add(k_total_counts, c, tick, a_cost, a_keep, now) end
-  if a_cost > 1 then redis.call('HSET', k_total, 'costly_until', fmt(tick + spaced_span(totals))) end
+  local costly = nil
+  if a_cost > 1 then costly = tick + spaced_span(totals) end
+  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = a_ring, last = tlast, n = tn,
+    kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, a_keep, now)
 end
 return {GRANTED, tick - now, 0, tick, tonumber(ctl.tol) or 0, known}
 `
