@@ -48,8 +48,8 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	clk := fakeRedisTime(core, now.UnixMicro())
 	full.testNow = core.testNow
 	var coreRuns, fullRuns int
-	core.testScript = func(c bool) {
-		if c {
+	core.testScript = func(kind string) {
+		if kind == "core" {
 			coreRuns++
 		} else {
 			fullRuns++

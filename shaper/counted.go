@@ -214,3 +214,228 @@ local function total_granted(k, t, tick, cost, keep, now)
   for _, c in ipairs(t.counters) do counter_add(k.counts, c, tick, cost, keep, now) end
 end
 `
+
+// countedKeyNames names the counted script's KEYS, in order
+// (TestScriptBindings).
+var countedKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "tags", "total", "asking", "rates", "slots",
+	"counts", "total_counts"}
+
+// counted lists the counted script's keys, in the order of
+// countedKeyNames.
+func (k bucketKeys) counted() []string {
+	return []string{k.gate, k.control, k.stats, k.ticks, k.expiry, k.tags, k.total, k.asking, k.rates, k.slots,
+		k.counts, k.totalCounts}
+}
+
+// countedArgs are the counted script's ARGV, in order
+// (TestScriptBindings); the fields are the full script's (reserveArgs)
+// of the same names.
+type countedArgs struct {
+	Now           int64   `lua:"now"`
+	Interval      int64   `lua:"interval"`
+	Burst         int     `lua:"burst"`
+	Horizon       int64   `lua:"horizon"`
+	Keep          int64   `lua:"keep"`
+	Mine          string  `lua:"mine"` // the caller's tick as widest keeps it: "interval|burst|replica"
+	Live          int64   `lua:"live"` // µs a policy granted under keeps counting (replicaLive)
+	TickLog       int     `lua:"tick_log"`
+	Server        string  `lua:"server"` // the server's run_id ("": unknown, the full script finds it; noServer: INFO refused)
+	Tag           string  `lua:"tag"`
+	TagKeep       int64   `lua:"tag_keep"`
+	Member        string  `lua:"member"`
+	Span          int64   `lua:"span"`
+	LogLen        int64   `lua:"log_len"`
+	Limits        string  `lua:"limits"`
+	OwnRate       float64 `lua:"own_rate"`
+	TotalInterval int64   `lua:"total_interval"` // 0: no total
+	TotalBurst    int     `lua:"total_burst"`
+	TotalSpan     int64   `lua:"total_span"`
+	TotalRate     float64 `lua:"total_rate"`
+	Ring          int64   `lua:"ring"`
+	TotalLimits   string  `lua:"total_limits"`
+}
+
+// argv returns the arguments in the order of the struct's fields.
+func (a countedArgs) argv() []any {
+	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Tag, a.TagKeep,
+		a.Member, a.Span, a.LogLen, a.Limits, a.OwnRate, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate, a.Ring,
+		a.TotalLimits}
+}
+
+// countedArgs builds the counted script's arguments for one call from
+// the full script's.
+func (a reserveArgs) counted(mine string) countedArgs {
+	return countedArgs{Now: a.Now, Interval: a.Interval, Burst: a.Burst, Horizon: a.Horizon, Keep: a.Keep, Mine: mine,
+		Live: a.ReplicaLive, TickLog: a.TickLog, Server: a.Server, Tag: a.Tag, TagKeep: a.TagKeep, Member: a.Member,
+		Span: a.Span, LogLen: a.LogLen, Limits: a.Limits, OwnRate: a.OwnRate, TotalInterval: a.TotalInterval,
+		TotalBurst: a.TotalBurst, TotalSpan: a.TotalSpan, TotalRate: a.TotalRate, Ring: a.Ring, TotalLimits: a.TotalLimits}
+}
+
+// countedFunction reserves the next tick of one call of a bucket with
+// quotas or a group's total (a per-account vendor), as the full script
+// would: a call of one unit in the normal lane, to a bucket without an
+// in-flight cap or warm-up. It hands the call to the full script
+// (USE_FULL) for anything else: a state missing or written on another
+// server (the bucket's or the total's), adaptation in force (a pause, a
+// rate, a lesson, a high call waiting, costly calls), the total's spaced
+// counters in use after a costly call.
+//
+// Returns {code, wait (µs), reason, tick (µs), 0}, as the full script
+// (see reserveFunction) without the run_id, which the gate passed.
+var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
+	lineFieldLua+lineLua+groupLua, countedLua)
+
+const countedLua = `
+local k_gate = KEYS[1]
+local k_control = KEYS[2]
+local k_stats = KEYS[3]
+local k_ticks = KEYS[4]
+local k_expiry = KEYS[5]
+local k_tags = KEYS[6]
+local k_total = KEYS[7]
+local k_asking = KEYS[8]
+local k_rates = KEYS[9]
+local k_slots = KEYS[10]
+local k_counts = KEYS[11]
+local k_total_counts = KEYS[12]
+local a_now = ARGV[1] + 0
+local a_interval = ARGV[2] + 0
+local a_burst = ARGV[3] + 0
+local a_horizon = ARGV[4] + 0
+local a_keep = ARGV[5] + 0
+local a_mine = ARGV[6]
+local a_live = ARGV[7] + 0
+local a_tick_log = ARGV[8] + 0
+local a_server = ARGV[9]
+local a_tag = ARGV[10]
+local a_tag_keep = ARGV[11] + 0
+local a_member = ARGV[12]
+local a_span = ARGV[13] + 0
+local a_log_len = ARGV[14] + 0
+local a_limits = ARGV[15]
+local a_own_rate = ARGV[16]
+local a_total_interval = ARGV[17] + 0
+local a_total_burst = ARGV[18] + 0
+local a_total_span = ARGV[19] + 0
+local a_total_rate = ARGV[20] + 0
+local a_ring = ARGV[21] + 0
+local a_total_limits = ARGV[22]
+
+-- The states, written on this server (a_server, NO_SERVER where INFO is
+-- refused: then only a missing state is told), with nothing adaptation
+-- set in force: what the gate hash's mark says may be (see adaptedLua)
+-- is read, and the mark taken away once none of it is.
+local now = now_from(a_now)
+local runid = a_server
+if runid == NO_SERVER then runid = '' end
+local line, run, adapted, wide, wide_at, vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
+  'line', 'run', 'adapted', 'wide', 'wide_at', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
+if a_server == '' or run ~= run_of(runid) then return {USE_FULL} end
+local last, n, gm, gc, kept = read_line(line)
+if last == nil then return {USE_FULL} end
+if adapted then
+  local hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
+  local paused, rate, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'guard', 'tol'))
+  if (tonumber(paused) or 0) > now or rate or guard or tol or (tonumber(hi_until) or 0) > now or
+    (tonumber(costly_until) or 0) > now then return {USE_FULL} end
+  redis.call('HDEL', k_gate, 'adapted')
+end
+local tiv = a_total_interval
+local ts = {} -- the total's hash, read by name
+if tiv > 0 then
+  ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = unpack(redis.call('HMGET',
+    k_total, 'last', 'n', 'run', 'kept', 'blocked', 'cleared', 'costly_until', 'share', 'share_at'))
+  if not ts.last or ts.run ~= runid or (tonumber(ts.costly_until) or 0) > now then return {USE_FULL} end
+end
+
+-- The tick: the widest live one, at the fair share of the total.
+local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, a_interval, a_burst, a_live, now)
+if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new)) end
+local fair = 0
+if tiv > 0 and a_member ~= '' then
+  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = a_own_rate,
+    rate = a_total_rate, span = a_total_span, horizon = a_horizon, keep = a_keep, asked_at = asked_at, asked_rate = asked_rate,
+    share = ts.share, share_at = ts.share_at}, interval, now)
+end
+
+-- The quotas (calls of one unit are kept by the spacing alone on the
+-- spaced limits): the earliest start they admit.
+local own = counters_in_use(parse_limits(a_limits), false)
+local totals = {}
+if tiv > 0 then totals = counters_in_use(parse_limits(a_total_limits), false) end
+local start = now
+for _, c in ipairs(own) do
+  counter_load(k_counts, c, now, true)
+  start = math.max(start, counter_free_at(k_counts, c, 1, now))
+end
+for _, c in ipairs(totals) do
+  counter_load(k_total_counts, c, now, true)
+  start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
+end
+
+-- The earliest tick both lines admit: the bucket's own at its pace (its
+-- virtual time in a group with a total, see the full script), the
+-- total's after its ring's passed slots are cleared.
+local tick, pace, tfields = start, math.floor(interval / burst), {}
+local k, kth, head = a_log_len, nil, ''
+if k > 0 and interval == a_interval and burst == a_burst then kth, head = log_cut(log or '', k) else k = 0 end
+if tiv > 0 then
+  vt = math.max(now, (tonumber(vt) or 0) + math.max(pace, fair))
+  tick = math.max(tick, vt)
+  if a_ring > 0 then
+    local cleared = ring_cleared(k_slots, a_ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, a_keep, now)
+    tfields = {'cleared', fmt(cleared)}
+  end
+end
+local horizon = a_horizon
+if fair > 0 and fair >= pace then horizon = math.floor(horizon / 2) end
+tick = fit({last = last, n = n, interval = interval, burst = burst, cost = 1, charge = false, k = k, kth = kth, span = a_span},
+  {iv = tiv, burst = a_total_burst, last = tonumber(ts.last), n = tonumber(ts.n) or 0, blocked = tonumber(ts.blocked) or 0,
+    ring = a_ring, slots = k_slots, horizon = horizon, now = now}, tick)
+
+-- keep(untilv, tag_keep): the bucket's keys outlive untilv (see
+-- keep_alive), and the line says so.
+local function keep(untilv, tag_keep)
+  if untilv <= kept then return end
+  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
+  kept = keep_alive(keys, untilv, kept, 0, a_keep, tag_keep, now)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
+end
+
+-- Beyond the horizon: come back one tick after the last deferred caller.
+if tick - now > horizon then
+  if #tfields > 0 then redis.call('HSET', k_total, unpack(tfields)) end
+  local reason = BEYOND_HORIZON
+  if start - now > horizon then reason = HELD_BY_LIMIT end
+  local at = math.max(tick - horizon, (tonumber(defer_at) or 0) + pace)
+  redis.call('HSET', k_gate, 'defer_at', fmt(at))
+  keep(math.max(at, last) + a_keep, 0)
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  return {DEFERRED, at - now, reason, 0, 0}
+end
+
+-- Grant: the line (and the log), the ticks list, the tag record, the
+-- quotas, the total.
+local newlog = nil
+if tick == last then
+  n = n + 1
+else
+  n = 1
+  if k > 0 and head ~= '' then newlog = fmt(tick) .. ',' .. head elseif k > 0 then newlog = fmt(tick) end
+end
+last = tick
+local m = math.floor(now / 60000000)
+gc, gm = count_granted(k_stats, 1, m, gm, gc), m
+local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick)}
+if newlog then put(fields, 'log', newlog) end
+redis.call('HSET', k_gate, unpack(fields))
+if a_tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, a_tick_log, a_keep, now) end
+if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+keep(math.max(tick, tonumber(defer_at) or 0) + a_keep, a_tag_keep)
+for _, c in ipairs(own) do counter_add(k_counts, c, tick, 1, a_keep, now) end
+if tiv > 0 then
+  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = a_ring, last = tonumber(ts.last),
+    n = tonumber(ts.n) or 0, kept = tonumber(ts.kept) or 0, counters = totals, fields = tfields}, tick, 1, a_keep, now)
+end
+return {GRANTED, tick - now, 0, tick, 0}
+`

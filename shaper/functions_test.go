@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,30 +12,36 @@ import (
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
-// grantsOn has n ticks of a common bucket granted on g, waiting out
+// grantsOn has n ticks of a common bucket, then of one with a quota (the
+// counted script's), granted on g, waiting out
 // deferrals (a new group's first tick waits its horizon), and fails the
 // test on an error.
 func grantsOn(t *testing.T, g *Gate, n int) {
 	t.Helper()
-	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, Horizon: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for granted := 0; granted < n; {
-		r, err := b.reserve(context.Background(), Request{})
+	common := Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, Horizon: 50 * time.Millisecond}
+	quota := common
+	quota.Limits = append(quota.Limits, Limit{Rate: 100_000, Window: time.Hour})
+	for _, p := range []Policy{common, quota} {
+		b, err := g.Bucket(fmt.Sprintf("acme-%d", len(p.Limits)), p)
 		if err != nil {
-			t.Fatalf("after %d grants: %v", granted, err)
+			t.Fatal(err)
 		}
-		if r.ok {
-			granted++
-		} else {
-			time.Sleep(min(r.wait, time.Second))
+		for granted := 0; granted < n; {
+			r, err := b.reserve(context.Background(), Request{})
+			if err != nil {
+				t.Fatalf("after %d grants: %v", granted, err)
+			}
+			if r.ok {
+				granted++
+			} else {
+				time.Sleep(min(r.wait, time.Second))
+			}
 		}
 	}
 }
 
-// TestGrantsRunAsFunctions: on a Redis with Functions the core and the
-// full reserve script are loaded as libraries at their first grant (a new
+// TestGrantsRunAsFunctions: on a Redis with Functions the core, the
+// counted and the full reserve script are loaded as libraries at their first grant (a new
 // bucket's first grant is the full script's) and called with FCALL; a
 // server that lost one (FUNCTION DELETE here, a restart without
 // persistence or a promoted replica in production) gets it again at the
@@ -53,7 +60,7 @@ func TestGrantsRunAsFunctions(t *testing.T) {
 		return len(libs) == 1 && len(libs[0].Functions) == 1 && libs[0].Functions[0].Name == f.name
 	}
 	grantsOn(t, g, 20)
-	for _, f := range []*function{coreFunction, reserveFunction} {
+	for _, f := range []*function{coreFunction, countedFunction, reserveFunction} {
 		if g.noFunctions.Load() || !loaded(f) {
 			t.Fatalf("after 20 grants: functions off %v, %s loaded %v; want it loaded as a function", g.noFunctions.Load(), f.name, loaded(f))
 		}

@@ -44,7 +44,7 @@ type Gate struct {
 
 	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed
-	testScript     func(core bool)                      // tests: called with each reserve script run (core or full)
+	testScript     func(kind string)                    // tests: called with each reserve script run ("core", "counted" or "full")
 	testNotedPause func(bucket string, until time.Time) // tests: called, under mu, when a pause is noted for waiting callers
 }
 
@@ -84,10 +84,13 @@ type Bucket struct {
 	made     uint64 // order among the gate's handles: a later handle holds a newer policy
 	meter    *meter // what the margin must cover, measured; the guard follows it with Policy.MeasureGuard
 	// core is true when the policy has the common shape the core script
-	// serves (one limit, no total, no in-flight cap, no warm-up), and
-	// fullUntil the local time (ns) until which the full script serves it
-	// anyway: the core script handed it a state it cannot decide alone.
+	// serves (one limit, no total, no in-flight cap, no warm-up); counted
+	// when it has quotas or a group's total, and neither an in-flight cap
+	// nor warm-up (the counted script). fullUntil is the local time (ns)
+	// until which the full script serves it anyway: the core or counted
+	// script handed it a state it cannot decide alone.
 	core      bool
+	counted   bool
 	fullUntil atomic.Int64
 }
 

@@ -99,6 +99,17 @@ local function parse_limits(spec)
   return out
 end
 
+-- counters_in_use(all, spaced): the quotas of all, and its spaced limits
+-- when spaced is true.
+local function counters_in_use(all, spaced)
+  if spaced then return all end
+  local out = {}
+  for _, c in ipairs(all) do
+    if c.kind == 'q' then out[#out + 1] = c end
+  end
+  return out
+end
+
 local function slot_fields(c, from, to)
   local f = {}
   for j = from, to do f[#f + 1] = c.id .. ':' .. fmt(j) end
@@ -388,17 +399,6 @@ local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, 
     redis.call('HSET', k_gate, 'warm', fmt(warm))
   end
   return warm
-end
-
--- counters_in_use(all, spaced): the quotas of all, and its spaced limits
--- when spaced is true.
-local function counters_in_use(all, spaced)
-  if spaced then return all end
-  local out = {}
-  for _, c in ipairs(all) do
-    if c.kind == 'q' then out[#out + 1] = c end
-  end
-  return out
 end
 
 -- spaced_span(cs): how long a call stays in the spaced counters of cs.
@@ -804,17 +804,16 @@ func (b *Bucket) batchable(req Request) bool {
 }
 
 // reserveAt runs the core script for all of reqs when they fit it and the
-// server is known, else (or when the core script hands them over) the full
-// one for each.
+// server is known, else the counted script for each call that fits it,
+// else (or when the core or counted script hands them over) the full one.
 func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, now time.Time) ([]reservation, error) {
-	core := server != "" && now.UnixNano() >= b.fullUntil.Load()
+	lean := server != "" && now.UnixNano() >= b.fullUntil.Load()
+	core := lean
 	for _, req := range reqs {
 		core = core && b.batchable(req)
 	}
 	if core {
-		if b.gate.testScript != nil {
-			b.gate.testScript(true)
-		}
+		b.testRun("core")
 		args := b.coreArgs(reqs, server)
 		res, err := b.gate.run(ctx, coreFunction, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
@@ -824,6 +823,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			return rs, err
 		}
 		b.fullUntil.Store(now.Add(fullFor).UnixNano())
+		lean = false
 	}
 	out := make([]reservation, 0, len(reqs))
 	for _, req := range reqs {
@@ -831,11 +831,27 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		if b.policy.MaxInFlight > 0 {
 			lease = newLeaseID()
 		}
-		if b.gate.testScript != nil {
-			b.gate.testScript(false)
-		}
 		args := b.reserveArgs(req, lease)
 		args.Server = server
+		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
+			b.testRun("counted")
+			ca := args.counted(fmt.Sprintf("%d|%d|%s", args.Interval, args.Burst, b.gate.replica))
+			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
+			if err != nil {
+				return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
+			}
+			rs, ok, err := b.parseReply(res, 1, server)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				out = append(out, rs[0])
+				continue
+			}
+			b.fullUntil.Store(now.Add(fullFor).UnixNano())
+			lean = false
+		}
+		b.testRun("full")
 		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
@@ -856,6 +872,13 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		out = append(out, rs[0])
 	}
 	return out, nil
+}
+
+// testRun tells a test which reserve script runs (see Gate.testScript).
+func (b *Bucket) testRun(kind string) {
+	if b.gate.testScript != nil {
+		b.gate.testScript(kind)
+	}
 }
 
 // parseReply reads a reserve script's reply for n calls: {code, wait,

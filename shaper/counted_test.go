@@ -1,0 +1,162 @@
+package shaper
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+)
+
+// TestCountedMatchesFull drives buckets the counted script serves —
+// accounts of a group with a total (a ring of slots or a line of ticks),
+// with quotas, and a bucket of its own with a quota — and the same
+// buckets held to the full script, through the same simulated Redis
+// time: steady grants, idle gaps, crowds deferred beyond the horizon,
+// quotas spent, and what the counted script hands over (pauses, a rate
+// set, a high call, a costly call). Both must answer every call alike
+// and record the same tags, and the counted script must have served most
+// calls.
+func TestCountedMatchesFull(t *testing.T) { countedMatchesFull(t, redistest.Client(t), 2000) }
+
+// TestCountedMatchesFullOnEmbeddedRedis is the same on the embedded Redis.
+func TestCountedMatchesFullOnEmbeddedRedis(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	countedMatchesFull(t, rdb, 400)
+}
+
+func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Redis time and the gates' clocks move together, simulated: a
+	// bucket handed to the full script stays with it for fullFor of
+	// this time.
+	clk := &redisClock{}
+	clk.set(now.UnixMicro())
+	lean := NewGate(rdb, Config{KeyPrefix: prefix + "c", Replica: "r1", Clock: virtualClock{clk}})
+	full := NewGate(rdb, Config{KeyPrefix: prefix + "f", Replica: "r1", Clock: virtualClock{clk}})
+	lean.testNow, full.testNow = clk.now, clk.now
+	runs := map[string]int{}
+	lean.testScript = func(kind string) { runs[kind]++ }
+
+	// Each shape on both gates: [0] served by the counted script, [1]
+	// held to the full one.
+	account := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}, {Rate: 40, Window: 10 * time.Second}}, Horizon: 300 * time.Millisecond}
+	plain := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 150, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
+	ring := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}}}                                                 // burst 1: a ring of slots
+	line := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}, {Rate: 25, Window: 10 * time.Second}}, Burst: 3} // a line, and a quota on the total
+	var buckets [][2]*Bucket
+	for gi, g := range []*Gate{lean, full} {
+		k := 0
+		add := func(b *Bucket, err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gi == 0 {
+				if !b.counted || b.core {
+					t.Fatalf("bucket %s: counted %v, core %v; want the counted script's shape", b.name, b.counted, b.core)
+				}
+				buckets = append(buckets, [2]*Bucket{b})
+			} else {
+				b.counted = false
+				buckets[k][1] = b
+			}
+			k++
+		}
+		for _, total := range []*Policy{ring, line} {
+			grp, err := g.Group(fmt.Sprintf("vendor-%d", len(total.Limits)), total)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for a := range 3 {
+				add(grp.Bucket(fmt.Sprintf("store-%d", a), account))
+			}
+		}
+		add(g.Bucket("own", plain))
+	}
+
+	rng := rand.New(rand.NewPCG(29, 1))
+	step := 0
+	call := func(pair [2]*Bucket, req Request) reservation {
+		t.Helper()
+		var rs [2]reservation
+		for i, b := range pair {
+			r, err := b.reserve(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs[i] = r
+		}
+		if a, b := rs[0], rs[1]; a.ok != b.ok || a.wait != b.wait || a.reason != b.reason || a.tick != b.tick || a.tolerance != b.tolerance {
+			t.Fatalf("step %d, %s (%+v): the counted script answered %+v, the full one %+v", step, pair[0].name, req, a, b)
+		}
+		return rs[0]
+	}
+	for ; step < steps; step++ {
+		pair := buckets[rng.IntN(len(buckets))]
+		both := func(f func(b *Bucket) error) {
+			t.Helper()
+			for _, b := range pair {
+				if err := f(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		req := Request{Tag: fmt.Sprintf("w|q|task-%d", step)}
+		switch rng.IntN(80) {
+		case 0:
+			d := time.Duration(rng.IntN(500)) * time.Millisecond
+			both(func(b *Bucket) error { _, err := b.Control().Pause(ctx, d, "test"); return err })
+		case 1:
+			r := 2 + float64(rng.IntN(4))
+			both(func(b *Bucket) error { return b.Control().overrideRate(ctx, r, "test") })
+		case 2:
+			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
+		case 3:
+			clk.advance(time.Duration(rng.IntN(4000)) * time.Millisecond) // idle
+		case 4:
+			req.Lane = High
+		case 5:
+			req.Cost = 2
+		}
+		r := call(pair, req)
+		// Some callers come back at once (a crowd), others when told.
+		if rng.IntN(3) > 0 {
+			clk.advance(min(r.wait, time.Second)/time.Duration(1+rng.IntN(3)) + time.Duration(rng.IntN(20))*time.Millisecond)
+		}
+	}
+	for _, pair := range buckets {
+		var tags [2][]Tagged
+		for i, b := range pair {
+			if tags[i], err = b.Tagged(ctx, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(tags[0]) != len(tags[1]) {
+			t.Errorf("%s: %d tags in the counted script's record, %d in the full one's", pair[0].name, len(tags[0]), len(tags[1]))
+			continue
+		}
+		for i := range tags[0] {
+			if tags[0][i].Tag != tags[1][i].Tag || !tags[0][i].Tick.Equal(tags[1][i].Tick) {
+				t.Errorf("%s, tag %d: %+v in the counted script's record, %+v in the full one's", pair[0].name, i, tags[0][i], tags[1][i])
+				break
+			}
+		}
+	}
+	if runs["counted"] < steps/2 {
+		t.Errorf("the counted script served %d of %d calls (the full one %d)", runs["counted"], steps, runs["full"])
+	}
+	t.Logf("counted script %d runs, full script %d", runs["counted"], runs["full"])
+}
