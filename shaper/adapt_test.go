@@ -261,3 +261,42 @@ func TestReplicasDisagree(t *testing.T) {
 		t.Errorf("widest %+v, %v, %v after the old replica went silent; want the new one's %v", w, ok, err, fastIv)
 	}
 }
+
+// TestEditRaisesAtOnce: a config edit on one replica (a new handle,
+// respaced) raises the rate at once, even when a call still under the
+// old policy reaches the gate after the edit (it was on its way): the
+// old, wider tick must not hold the new one back for replicaLive, and a
+// late call under the old policy writes nothing.
+func TestEditRaisesAtOnce(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "r1"})
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(g, now.UnixMicro())
+	ctx := context.Background()
+	p := Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond}
+	slow, _ := g.Bucket("acme", p)
+	slowIv, _ := slow.Policy().Tick()
+	grantTicks(t, slow, clk, 2)
+	p.Limits[0].Rate = 100
+	fast, _ := g.Bucket("acme", p)
+	fastIv, _ := fast.Policy().Tick()
+	if err := fast.Control().Respace(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(slowIv)
+	grantTicks(t, slow, clk, 1) // a call under the old policy, late
+	ticks := grantTicks(t, fast, clk, 3)
+	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != fastIv {
+		t.Errorf("ticks %v apart after the edit to %v", gap, fastIv)
+	}
+	late := grantTicks(t, slow, clk, 1)
+	if gap := time.Duration(late[0]-ticks[2]) * time.Microsecond; gap != slowIv {
+		t.Errorf("a late call under the old policy came %v after the last tick, want the wider %v", gap, slowIv)
+	}
+	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "r1" || w.Interval != fastIv {
+		t.Errorf("widest %+v, %v, %v after a late call under the old policy; want the new one's %v", w, ok, err, fastIv)
+	}
+}

@@ -129,20 +129,30 @@ end
 
 -- widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
 -- on the config (a rolling edit), the most conservative tick asked under
--- lately wins. The gate hash's 'wide' ("interval|burst|replica") holds it
--- and 'wide_at' when it was last asked under: a caller whose tick (mine,
--- "interval|burst|replica" of iv, b) is at least as wide takes its place,
--- and it stops counting live after that. Returns the interval and burst
--- to space by, and the fields' values to write (nil: unchanged).
+-- lately wins. The gate hash's 'wide' ("interval|burst|replica|gen")
+-- holds it and 'wide_at' when it was last asked under: a caller whose
+-- tick (mine, the same of iv, b) is at least as wide takes its place, and
+-- it stops counting live after that. Within one replica the newer
+-- generation of the policy (gen, a config edit) takes the place at once,
+-- and a caller still under an older one spaces by the wider of the two
+-- and writes nothing: a raised rate is not held back by the calls that
+-- were on their way when it came. Returns the interval and burst to
+-- space by, and the fields' values to write (nil: unchanged).
 local function widest(wide, wide_at, mine, iv, b, live, now)
   wide_at = tonumber(wide_at)
   if wide == mine and wide_at then
     if now - wide_at < live / 4 then return iv, b, nil, nil end
     return iv, b, nil, now
   end
-  local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
+  local wiv, wb, who, wgen = string.match(wide or '', '^(%d+)|(%d+)|(.*)|(%d+)$')
   wiv, wb = tonumber(wiv), tonumber(wb)
-  if wiv == nil or wide_at == nil or now - wide_at >= live or (iv >= wiv and b <= wb) then return iv, b, mine, now end
+  if wiv == nil or wide_at == nil or now - wide_at >= live then return iv, b, mine, now end
+  local me, gen = string.match(mine, '^%d+|%d+|(.*)|(%d+)$')
+  if who == me and gen ~= wgen then
+    if tonumber(gen) > tonumber(wgen) then return iv, b, mine, now end
+    return math.max(iv, wiv), math.min(b, wb), nil, nil
+  end
+  if iv >= wiv and b <= wb then return iv, b, mine, now end
   return math.max(iv, wiv), math.min(b, wb), nil, nil
 end
 
@@ -242,7 +252,7 @@ type coreArgs struct {
 	Burst    int    `lua:"burst"`    // calls per tick of the caller's policy
 	Horizon  int64  `lua:"horizon"`  // µs: no tick is reserved further ahead
 	Keep     int64  `lua:"keep"`     // µs the state outlives its last tick
-	Mine     string `lua:"mine"`     // the caller's tick as widest keeps it: "interval|burst|replica"
+	Mine     string `lua:"mine"`     // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
 	Live     int64  `lua:"live"`     // µs a policy granted under keeps counting (replicaLive)
 	TickLog  int    `lua:"tick_log"` // length of the ticks list
 	Server   string `lua:"server"`   // the run a state written on this server records (runOf; "": the server is unknown)

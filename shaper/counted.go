@@ -1,5 +1,11 @@
 package shaper
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // The counted script serves the buckets the core script cannot: those
 // with quotas (counted limits) or in a group with a total (a per-account
 // vendor), as long as nothing unusual is going on. groupLua holds the
@@ -228,48 +234,105 @@ func (k bucketKeys) counted() []string {
 }
 
 // countedArgs are the counted script's ARGV, in order
-// (TestScriptBindings); the fields are the full script's (reserveArgs)
-// of the same names.
+// (TestScriptBindings). What a bucket's policy and its group's total
+// say comes in two strings (see policyLua), the same for every call of
+// the policy: a Redis function parses each once and keeps it.
 type countedArgs struct {
-	Now           int64   `lua:"now"`
-	Interval      int64   `lua:"interval"`
-	Burst         int     `lua:"burst"`
-	Horizon       int64   `lua:"horizon"`
-	Keep          int64   `lua:"keep"`
-	Mine          string  `lua:"mine"` // the caller's tick as widest keeps it: "interval|burst|replica"
-	Live          int64   `lua:"live"` // µs a policy granted under keeps counting (replicaLive)
-	TickLog       int     `lua:"tick_log"`
-	Server        string  `lua:"server"` // the server's run_id ("": unknown, the full script finds it; noServer: INFO refused)
-	Tag           string  `lua:"tag"`
-	TagKeep       int64   `lua:"tag_keep"`
-	Member        string  `lua:"member"`
-	Span          int64   `lua:"span"`
-	LogLen        int64   `lua:"log_len"`
-	Limits        string  `lua:"limits"`
-	OwnRate       float64 `lua:"own_rate"`
-	TotalInterval int64   `lua:"total_interval"` // 0: no total
-	TotalBurst    int     `lua:"total_burst"`
-	TotalSpan     int64   `lua:"total_span"`
-	TotalRate     float64 `lua:"total_rate"`
-	Ring          int64   `lua:"ring"`
-	TotalLimits   string  `lua:"total_limits"`
+	Now    int64  `lua:"now"`    // Redis time override (µs; 0: TIME)
+	Server string `lua:"server"` // the server's run_id ("": unknown, the full script finds it; noServer: INFO refused)
+	Tag    string `lua:"tag"`    // the call's tag (Request.Tag; "": none)
+	Member string `lua:"member"` // the bucket's name in its group ("" for a group of one)
+	Mine   string `lua:"mine"`   // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
+	Policy string `lua:"policy"` // the bucket's: "interval|burst|horizon|keep|live|tick_log|tag_keep|span|log_len|own_rate|quotas"
+	Total  string `lua:"total"`  // the group's total: "interval|burst|span|rate|ring|quotas" ("": none)
 }
 
 // argv returns the arguments in the order of the struct's fields.
 func (a countedArgs) argv() []any {
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Tag, a.TagKeep,
-		a.Member, a.Span, a.LogLen, a.Limits, a.OwnRate, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate, a.Ring,
-		a.TotalLimits}
+	return []any{a.Now, a.Server, a.Tag, a.Member, a.Mine, a.Policy, a.Total}
 }
 
-// countedArgs builds the counted script's arguments for one call from
-// the full script's.
+// counted builds the counted script's arguments for one call from the
+// full script's (the fields of the same names).
 func (a reserveArgs) counted(mine string) countedArgs {
-	return countedArgs{Now: a.Now, Interval: a.Interval, Burst: a.Burst, Horizon: a.Horizon, Keep: a.Keep, Mine: mine,
-		Live: a.ReplicaLive, TickLog: a.TickLog, Server: a.Server, Tag: a.Tag, TagKeep: a.TagKeep, Member: a.Member,
-		Span: a.Span, LogLen: a.LogLen, Limits: a.Limits, OwnRate: a.OwnRate, TotalInterval: a.TotalInterval,
-		TotalBurst: a.TotalBurst, TotalSpan: a.TotalSpan, TotalRate: a.TotalRate, Ring: a.Ring, TotalLimits: a.TotalLimits}
+	num := func(v int64) string { return strconv.FormatInt(v, 10) }
+	rate := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) } // as go-redis sends a float64
+	p := strings.Join([]string{num(a.Interval), strconv.Itoa(a.Burst), num(a.Horizon), num(a.Keep), num(a.ReplicaLive),
+		strconv.Itoa(a.TickLog), num(a.TagKeep), num(a.Span), num(a.LogLen), rate(a.OwnRate), quotaSpec(a.Limits)}, "|")
+	var total string
+	if a.TotalInterval > 0 {
+		total = strings.Join([]string{num(a.TotalInterval), strconv.Itoa(a.TotalBurst), num(a.TotalSpan), rate(a.TotalRate),
+			num(a.Ring), quotaSpec(a.TotalLimits)}, "|")
+	}
+	return countedArgs{Now: a.Now, Server: a.Server, Tag: a.Tag, Member: a.Member, Mine: mine, Policy: p, Total: total}
 }
+
+// quotaSpec is the quotas of a limitSpec, each "id:rate:span:slot" with
+// its place in spec as id (the id its counter's fields carry, see
+// countersLua), comma separated.
+func quotaSpec(spec string) string {
+	var out []string
+	for i, l := range strings.Split(spec, ",") {
+		if rest, ok := strings.CutPrefix(l, "q:"); ok {
+			out = append(out, strconv.Itoa(i+1)+":"+rest)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// policyLua defines policy_of and total_of: the counted script's Policy
+// and Total arguments as tables, each parsed once per library load and
+// string where the script runs as a Redis function (whose library keeps
+// its state between calls), and on every call where it runs as a script.
+// At most specCache of them are kept: a Redis serving more policies
+// parses some again.
+var policyLua = `
+local specs, nspecs = {}, 0
+
+-- quotas_of(s): the quotas of "id:rate:span:slot,..." as counters (see
+-- countersLua).
+local function quotas_of(s)
+  local out = {}
+  for id, rate, span, slot in string.gmatch(s, '(%d+):(%d+):(%d+):(%d+)') do
+    out[#out + 1] = {id = id, kind = 'q', rate = rate + 0, span = span + 0, slot = slot + 0}
+  end
+  return out
+end
+
+local function cached(s, parse)
+  local v = specs[s]
+  if v then return v end
+  v = parse(s)
+  if nspecs >= ` + fmt.Sprint(specCache) + ` then specs, nspecs = {}, 0 end
+  specs[s], nspecs = v, nspecs + 1
+  return v
+end
+
+local function parse_policy(s)
+  local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, quotas = string.match(s,
+    '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, live = live + 0, tick_log = tick_log + 0,
+    tag_keep = tag_keep + 0, span = span + 0, log_len = log_len + 0, own_rate = own, quotas = quotas_of(quotas)}
+end
+
+local function parse_total(s)
+  local iv, b, span, rate, ring, quotas = string.match(s, '^(%d+)|(%d+)|(%d+)|([^|]*)|(%d+)|(.*)$')
+  return {interval = iv + 0, burst = b + 0, span = span + 0, rate = rate + 0, ring = ring + 0, quotas = quotas_of(quotas)}
+end
+
+-- policy_of(s), total_of(s): the parsed Policy and Total arguments. The
+-- quotas' counters are the same tables on every call: each call loads
+-- them (counter_load) before it uses them.
+local function policy_of(s) return cached(s, parse_policy) end
+local function total_of(s)
+  if s == '' then return nil end
+  return cached(s, parse_total)
+end
+`
+
+// specCache bounds the parsed policies a Redis function keeps (see
+// policyLua).
+const specCache = 256
 
 // countedFunction reserves the next tick of one call of a bucket with
 // quotas or a group's total (a per-account vendor), as the full script
@@ -283,7 +346,7 @@ func (a reserveArgs) counted(mine string) countedArgs {
 // Returns {code, wait (µs), reason, tick (µs), 0}, as the full script
 // (see reserveFunction) without the run_id, which the gate passed.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
-	lineFieldLua+lineLua+groupLua, countedLua)
+	lineFieldLua+lineLua+groupLua+policyLua, countedLua)
 
 const countedLua = `
 local k_gate = KEYS[1]
@@ -299,27 +362,14 @@ local k_slots = KEYS[10]
 local k_counts = KEYS[11]
 local k_total_counts = KEYS[12]
 local a_now = ARGV[1] + 0
-local a_interval = ARGV[2] + 0
-local a_burst = ARGV[3] + 0
-local a_horizon = ARGV[4] + 0
-local a_keep = ARGV[5] + 0
-local a_mine = ARGV[6]
-local a_live = ARGV[7] + 0
-local a_tick_log = ARGV[8] + 0
-local a_server = ARGV[9]
-local a_tag = ARGV[10]
-local a_tag_keep = ARGV[11] + 0
-local a_member = ARGV[12]
-local a_span = ARGV[13] + 0
-local a_log_len = ARGV[14] + 0
-local a_limits = ARGV[15]
-local a_own_rate = ARGV[16]
-local a_total_interval = ARGV[17] + 0
-local a_total_burst = ARGV[18] + 0
-local a_total_span = ARGV[19] + 0
-local a_total_rate = ARGV[20] + 0
-local a_ring = ARGV[21] + 0
-local a_total_limits = ARGV[22]
+local a_server = ARGV[2]
+local a_tag = ARGV[3]
+local a_member = ARGV[4]
+local a_mine = ARGV[5]
+local a_policy = ARGV[6]
+local a_total = ARGV[7]
+local p = policy_of(a_policy)
+local tot = total_of(a_total)
 
 -- The states, written on this server (a_server, NO_SERVER where INFO is
 -- refused: then only a missing state is told), with nothing adaptation
@@ -340,35 +390,33 @@ if adapted then
     (tonumber(costly_until) or 0) > now then return {USE_FULL} end
   redis.call('HDEL', k_gate, 'adapted')
 end
-local tiv = a_total_interval
+local tiv = 0
 local ts = {} -- the total's hash, read by name
-if tiv > 0 then
+if tot then
+  tiv = tot.interval
   ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = unpack(redis.call('HMGET',
     k_total, 'last', 'n', 'run', 'kept', 'blocked', 'cleared', 'costly_until', 'share', 'share_at'))
   if not ts.last or ts.run ~= runid or (tonumber(ts.costly_until) or 0) > now then return {USE_FULL} end
 end
 
 -- The tick: the widest live one, at the fair share of the total.
-local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, a_interval, a_burst, a_live, now)
+local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
 if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new)) end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
-  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = a_own_rate,
-    rate = a_total_rate, span = a_total_span, horizon = a_horizon, keep = a_keep, asked_at = asked_at, asked_rate = asked_rate,
+  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = p.own_rate,
+    rate = tot.rate, span = tot.span, horizon = p.horizon, keep = p.keep, asked_at = asked_at, asked_rate = asked_rate,
     share = ts.share, share_at = ts.share_at}, interval, now)
 end
 
 -- The quotas (calls of one unit are kept by the spacing alone on the
 -- spaced limits): the earliest start they admit.
-local own = counters_in_use(parse_limits(a_limits), false)
-local totals = {}
-if tiv > 0 then totals = counters_in_use(parse_limits(a_total_limits), false) end
 local start = now
-for _, c in ipairs(own) do
+for _, c in ipairs(p.quotas) do
   counter_load(k_counts, c, now, true)
   start = math.max(start, counter_free_at(k_counts, c, 1, now))
 end
-for _, c in ipairs(totals) do
+for _, c in ipairs(tot and tot.quotas or {}) do
   counter_load(k_total_counts, c, now, true)
   start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
 end
@@ -377,28 +425,28 @@ end
 -- virtual time in a group with a total, see the full script), the
 -- total's after its ring's passed slots are cleared.
 local tick, pace, tfields = start, math.floor(interval / burst), {}
-local k, kth, head = a_log_len, nil, ''
-if k > 0 and interval == a_interval and burst == a_burst then kth, head = log_cut(log or '', k) else k = 0 end
+local k, kth, head = p.log_len, nil, ''
+if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
 if tiv > 0 then
   vt = math.max(now, (tonumber(vt) or 0) + math.max(pace, fair))
   tick = math.max(tick, vt)
-  if a_ring > 0 then
-    local cleared = ring_cleared(k_slots, a_ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, a_keep, now)
+  if tot.ring > 0 then
+    local cleared = ring_cleared(k_slots, tot.ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, p.keep, now)
     tfields = {'cleared', fmt(cleared)}
   end
 end
-local horizon = a_horizon
+local horizon = p.horizon
 if fair > 0 and fair >= pace then horizon = math.floor(horizon / 2) end
-tick = fit({last = last, n = n, interval = interval, burst = burst, cost = 1, charge = false, k = k, kth = kth, span = a_span},
-  {iv = tiv, burst = a_total_burst, last = tonumber(ts.last), n = tonumber(ts.n) or 0, blocked = tonumber(ts.blocked) or 0,
-    ring = a_ring, slots = k_slots, horizon = horizon, now = now}, tick)
+tick = fit({last = last, n = n, interval = interval, burst = burst, cost = 1, charge = false, k = k, kth = kth, span = p.span},
+  {iv = tiv, burst = tot and tot.burst, last = tonumber(ts.last), n = tonumber(ts.n) or 0, blocked = tonumber(ts.blocked) or 0,
+    ring = tot and tot.ring, slots = k_slots, horizon = horizon, now = now}, tick)
 
 -- keep(untilv, tag_keep): the bucket's keys outlive untilv (see
 -- keep_alive), and the line says so.
 local function keep(untilv, tag_keep)
   if untilv <= kept then return end
   local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
-  kept = keep_alive(keys, untilv, kept, 0, a_keep, tag_keep, now)
+  kept = keep_alive(keys, untilv, kept, 0, p.keep, tag_keep, now)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
 end
 
@@ -409,7 +457,7 @@ if tick - now > horizon then
   if start - now > horizon then reason = HELD_BY_LIMIT end
   local at = math.max(tick - horizon, (tonumber(defer_at) or 0) + pace)
   redis.call('HSET', k_gate, 'defer_at', fmt(at))
-  keep(math.max(at, last) + a_keep, 0)
+  keep(math.max(at, last) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, at - now, reason, 0, 0}
 end
@@ -429,13 +477,13 @@ gc, gm = count_granted(k_stats, 1, m, gm, gc), m
 local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick)}
 if newlog then put(fields, 'log', newlog) end
 redis.call('HSET', k_gate, unpack(fields))
-if a_tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, a_tick_log, a_keep, now) end
+if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
 if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
-keep(math.max(tick, tonumber(defer_at) or 0) + a_keep, a_tag_keep)
-for _, c in ipairs(own) do counter_add(k_counts, c, tick, 1, a_keep, now) end
+keep(math.max(tick, tonumber(defer_at) or 0) + p.keep, p.tag_keep)
+for _, c in ipairs(p.quotas) do counter_add(k_counts, c, tick, 1, p.keep, now) end
 if tiv > 0 then
-  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = a_ring, last = tonumber(ts.last),
-    n = tonumber(ts.n) or 0, kept = tonumber(ts.kept) or 0, counters = totals, fields = tfields}, tick, 1, a_keep, now)
+  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = tot.ring, last = tonumber(ts.last),
+    n = tonumber(ts.n) or 0, kept = tonumber(ts.kept) or 0, counters = tot.quotas, fields = tfields}, tick, 1, p.keep, now)
 end
 return {GRANTED, tick - now, 0, tick, 0}
 `

@@ -40,6 +40,7 @@ type Gate struct {
 	mu          sync.Mutex
 	active      map[string]*local // buckets with callers in this process
 	handles     atomic.Uint64     // bucket handles made, to order them
+	edits       atomic.Uint64     // respaces (config edits) so far: the generation of the handles made since (see Bucket.gen)
 	noFunctions atomic.Bool       // the server has no Redis Functions for us: run scripts (functions.go)
 
 	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
@@ -92,6 +93,11 @@ type Bucket struct {
 	core      bool
 	counted   bool
 	fullUntil atomic.Int64
+	// gen is the generation of the bucket's policy in this process: the
+	// gate's edits when the handle was made, or when it was respaced
+	// (the handle of a new policy). widest tells a caller still under an
+	// older policy of this replica by it (see mine).
+	gen atomic.Uint64
 }
 
 // Bucket returns the handle of a bucket of its own (a group of one, with

@@ -79,10 +79,12 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 		}
 	}
 	keep = max(keep+p.Guard, minKeep)
-	return &Bucket{gate: grp.gate, name: full, group: grp.name, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: &meter{},
+	b := &Bucket{gate: grp.gate, name: full, group: grp.name, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: &meter{},
 		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1),
 		core:    len(p.Limits) == 1 && grp.total == nil && p.MaxInFlight == 0 && p.Warmup == 0,
-		counted: (len(p.Limits) > 1 || grp.total != nil) && p.MaxInFlight == 0 && p.Warmup == 0}, nil
+		counted: (len(p.Limits) > 1 || grp.total != nil) && p.MaxInFlight == 0 && p.Warmup == 0}
+	b.gen.Store(grp.gate.edits.Load())
+	return b, nil
 }
 
 // minKeep is the least a bucket's state outlives its last tick. A window

@@ -148,9 +148,15 @@ local function drop_slots(key, c, slots)
 end
 
 -- counter_load(key, c, now, write) reads counter c and drops the slots no
--- window ending at or after now holds (when write is true).
+-- window ending at or after now holds (when write is true). It reads the
+-- units of now's slot too (c.jn, c.jn_units), where a grant's tick
+-- usually falls: counter_add then writes them with the sum, in one
+-- command.
 local function counter_load(key, c, now, write)
-  local sum, low, top, fill = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top', c.id .. ':fill'))
+  c.jn = math.floor(now / c.slot)
+  local sum, low, top, fill, units = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
+    c.id .. ':fill', c.id .. ':' .. fmt(c.jn)))
+  c.jn_units = tonumber(units) or 0
   c.sum = tonumber(sum) or 0
   c.top = tonumber(top)
   c.fill = tonumber(fill) or 0
@@ -188,14 +194,24 @@ end
 -- key outlives the slot's end by keep.
 local function counter_add(key, c, t, cost, keep, now)
   local j = math.floor(t / c.slot)
-  redis.call('HINCRBY', key, c.id .. ':' .. fmt(j), cost)
   c.sum = c.sum + cost
+  local f = {c.id .. ':sum', c.sum}
+  if j == c.jn then
+    c.jn_units = c.jn_units + cost
+    f[3], f[4] = c.id .. ':' .. fmt(j), c.jn_units
+  else
+    redis.call('HINCRBY', key, c.id .. ':' .. fmt(j), cost)
+  end
   if c.top == nil or j > c.top then
     c.top = j
-    redis.call('HSET', key, c.id .. ':sum', c.sum, c.id .. ':low', fmt(c.low), c.id .. ':top', fmt(j))
+    f[#f + 1] = c.id .. ':low'
+    f[#f + 1] = fmt(c.low)
+    f[#f + 1] = c.id .. ':top'
+    f[#f + 1] = fmt(j)
+    redis.call('HSET', key, unpack(f))
     extend(key, (j + 1) * c.slot + keep, now)
   else
-    redis.call('HSET', key, c.id .. ':sum', c.sum)
+    redis.call('HSET', key, unpack(f))
   end
 end
 
@@ -204,6 +220,7 @@ end
 -- vendor announces can replace it (see observeScript).
 local function counter_fill(key, c, t, now)
   local j = math.floor(t / c.slot)
+  c.jn = nil -- its units may be gone: counter_add adds to what the hash holds
   if c.top then drop_slots(key, c, slots_in(key, c, c.low, c.top)) end
   c.low = math.floor((now - c.span) / c.slot)
   c.sum, c.top, c.fill = c.rate, j, c.rate
@@ -233,7 +250,7 @@ type reserveArgs struct {
 	ReplicaLive int64  `lua:"replica_live"`  // µs: configured ticks older than this do not count
 	Keep        int64  `lua:"keep"`          // µs the state outlives its last tick
 	Member      string `lua:"member"`        // the bucket's name in its group ("" for a group of one)
-	Replica     string `lua:"replica"`       // the caller's replica id ("" for none)
+	Replica     string `lua:"replica"`       // the caller's replica id and its policy's generation: "replica|gen" (see Bucket.mine)
 	// The group's total ("" and zeros without one).
 	TotalInterval int64   `lua:"total_interval"` // µs
 	TotalBurst    int     `lua:"total_burst"`
@@ -835,7 +852,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		args.Server = server
 		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
 			b.testRun("counted")
-			ca := args.counted(fmt.Sprintf("%d|%d|%s", args.Interval, args.Burst, b.gate.replica))
+			ca := args.counted(b.mine(args.Interval, args.Burst))
 			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
 			if err != nil {
 				return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
@@ -872,6 +889,13 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		out = append(out, rs[0])
 	}
 	return out, nil
+}
+
+// mine is the caller's tick as widest keeps it:
+// "interval|burst|replica|gen", gen the generation of the bucket's policy
+// in this process (see Bucket.gen).
+func (b *Bucket) mine(iv int64, burst int) string {
+	return fmt.Sprintf("%d|%d|%s|%d", iv, burst, b.gate.replica, b.gen.Load())
 }
 
 // testRun tells a test which reserve script runs (see Gate.testScript).
@@ -950,7 +974,7 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
-		Keep: b.keep.Microseconds(), Mine: fmt.Sprintf("%d|%d|%s", iv.Microseconds(), burst, b.gate.replica),
+		Keep: b.keep.Microseconds(), Mine: b.mine(iv.Microseconds(), burst),
 		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: runOf(server), Tags: tags.String(),
 		Adapt:   fmt.Sprintf("%d|%d|%d", (p.Limits[0].Window + guard).Microseconds(), p.Limits[0].Window.Microseconds(), p.Limits[0].Rate),
 		Keeping: strconv.FormatInt(tagKeep.Microseconds(), 10) + "|" + b.member,
@@ -967,7 +991,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		MaxInFlight: p.MaxInFlight, LeaseTTL: p.LeaseTTL.Microseconds(), Lease: lease,
 		Span: (p.Limits[0].Window + guard).Microseconds(), ReplicaLive: replicaLive.Microseconds(),
-		Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica,
+		Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica + "|" + strconv.FormatUint(b.gen.Load(), 10),
 		Rate: cfg, RaiseStep: ra.Step, Quiet: ra.Quiet, Probe: ra.Probe, Recheck: ra.Recheck, Ceiling: ra.Ceiling,
 		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
 		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,

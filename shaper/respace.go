@@ -30,7 +30,7 @@ var respaceScript = redis.NewScript(nowLua + lineFieldLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_replica, a_tick = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
-local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|(.*)$')
+local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|(.*)|%d+$')
 if who == a_replica and iv .. '|' .. b ~= a_tick then redis.call('HDEL', k_gate, 'wide', 'wide_at') end
 return respace(k_gate, now, a_slack, a_channel, a_bucket)
 `)
@@ -63,6 +63,7 @@ end
 // raised rate applies now, not when the old tick's record ages out).
 func (c *Control) Respace(ctx context.Context) error {
 	b := c.b
+	b.gen.Store(b.gate.edits.Add(1))
 	b.gate.supersede(b)
 	iv, burst, _, _ := b.spacing()
 	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate}, b.gate.redisNow(),
