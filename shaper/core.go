@@ -234,6 +234,31 @@ const grantFold = 8
 
 var grantFoldLua = fmt.Sprint(grantFold)
 
+// cacheLua defines cached(s, parse): parse(s), kept for the next call of
+// the same s where the script runs as a Redis function (whose library
+// keeps its state between calls; a script parses on every call). The
+// reserve scripts take what a bucket's policy says as one string, the
+// same for every call of the policy, so that a grant passes and binds
+// one argument for it, not a dozen. At most specCache strings are kept:
+// a Redis serving more policies parses some again. What parse returns
+// is shared by the calls of s: they do not change it (the counters of
+// countersLua excepted, which each call loads before it uses them).
+var cacheLua = `
+local specs, nspecs = {}, 0
+local function cached(s, parse)
+  local v = specs[s]
+  if v then return v end
+  v = parse(s)
+  if nspecs >= ` + fmt.Sprint(specCache) + ` then specs, nspecs = {}, 0 end
+  specs[s], nspecs = v, nspecs + 1
+  return v
+end
+`
+
+// specCache bounds the parsed policies a Redis function keeps (see
+// cacheLua).
+const specCache = 256
+
 // coreKeyNames names the core script's KEYS, in order (TestScriptBindings).
 var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "tags"}
 
@@ -243,27 +268,25 @@ func (k bucketKeys) core() []string {
 }
 
 // coreArgs are the core script's ARGV, in order (TestScriptBindings).
-// Every grant reads the first ten; Adapt and Keeping are read only where
-// they are used (a bucket adaptation shapes, keys to extend), so that the
-// common grant does not pay for passing and binding them one by one.
+// What the bucket's policy says comes in one string (see cacheLua).
 type coreArgs struct {
-	Now      int64  `lua:"now"`      // Redis time override (µs; 0: TIME)
-	Interval int64  `lua:"interval"` // tick interval (µs) of the caller's policy
-	Burst    int    `lua:"burst"`    // calls per tick of the caller's policy
-	Horizon  int64  `lua:"horizon"`  // µs: no tick is reserved further ahead
-	Keep     int64  `lua:"keep"`     // µs the state outlives its last tick
-	Mine     string `lua:"mine"`     // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
-	Live     int64  `lua:"live"`     // µs a policy granted under keeps counting (replicaLive)
-	TickLog  int    `lua:"tick_log"` // length of the ticks list
-	Server   string `lua:"server"`   // the run a state written on this server records (runOf; "": the server is unknown)
-	Tags     string `lua:"tags"`     // the calls asking, in their order: each one's tag (Request.Tag), followed by "\n" ("\n" alone: one call, no tag)
-	Adapt    string `lua:"adapt"`    // "span|window|rate": the limit's window + guard and window (µs), the configured rate
-	Keeping  string `lua:"keeping"`  // "tag_keep|member": µs a tag outlives its tick in the record, the bucket's name in its group ("" for a group of one)
+	Now    int64  `lua:"now"`    // Redis time override (µs; 0: TIME)
+	Server string `lua:"server"` // the run a state written on this server records (runOf; "": the server is unknown)
+	Tags   string `lua:"tags"`   // the calls asking, in their order: each one's tag (Request.Tag), followed by "\n" ("\n" alone: one call, no tag)
+	Mine   string `lua:"mine"`   // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
+	// Policy is "interval|burst|horizon|keep|live|tick_log|span|window|rate|tag_keep|member":
+	// the tick (µs) and burst of the caller's policy, the horizon, how
+	// long the state outlives its last tick, how long a policy granted
+	// under keeps counting (replicaLive, see widest), the ticks list's
+	// length, the limit's window + guard and window (µs) and its rate, how
+	// long a tag outlives its tick in the record (µs), and the bucket's
+	// name in its group ("" for a group of one).
+	Policy string `lua:"policy"`
 }
 
 // argv returns the arguments in the order of the struct's fields.
 func (a coreArgs) argv() []any {
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.Keep, a.Mine, a.Live, a.TickLog, a.Server, a.Tags, a.Adapt, a.Keeping}
+	return []any{a.Now, a.Server, a.Tags, a.Mine, a.Policy}
 }
 
 // coreFunction reserves the next ticks of count calls of the common bucket,
@@ -281,7 +304,18 @@ func (a coreArgs) argv() []any {
 // policy's)} for the first call, as the full script (see reserveScript),
 // then {code, wait, reason, tick} for each other call of the batch. It
 // runs as a Redis function where the server has them (see functions.go).
-var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua, coreLua)
+var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua+cacheLua+corePolicyLua, coreLua)
+
+// corePolicyLua defines core_policy(s): coreArgs.Policy as a table.
+const corePolicyLua = `
+local function parse_core(s)
+  local iv, b, horizon, keep, live, tick_log, span, window, rate, tag_keep, member = string.match(s,
+    '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, live = live + 0, tick_log = tick_log + 0,
+    span = span + 0, window = window + 0, rate = rate + 0, tag_keep = tag_keep + 0, member = member}
+end
+local function core_policy(s) return cached(s, parse_core) end
+`
 
 const coreLua = `
 local k_gate = KEYS[1]
@@ -293,17 +327,11 @@ local k_tags = KEYS[6]
 -- x + 0 makes a number of a string with one strtod, where tonumber(x)
 -- makes two: this script reads a dozen numbers on every grant.
 local a_now = ARGV[1] + 0
-local a_interval = ARGV[2] + 0
-local a_burst = ARGV[3] + 0
-local a_horizon = ARGV[4] + 0
-local a_keep = ARGV[5] + 0
-local a_mine = ARGV[6]
-local a_live = ARGV[7] + 0
-local a_tick_log = ARGV[8] + 0
-local a_server = ARGV[9]
-local a_tags = ARGV[10]
-local a_adapt = ARGV[11]
-local a_keeping = ARGV[12]
+local a_server = ARGV[2]
+local a_tags = ARGV[3]
+local a_mine = ARGV[4]
+local a_policy = ARGV[5]
+local p = core_policy(a_policy)
 
 local now = now_from(a_now)
 local line, run, wide, wide_at, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'wide', 'wide_at', 'adapted'))
@@ -314,7 +342,7 @@ local last, n, gm, gc, kept = read_line(line)
 -- set or announced, a guard learned from refusals), read only when the
 -- gate hash says it is there (see adaptedLua): a pause, a rate, a guard,
 -- a high call waiting, costly calls.
-local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, a_interval, a_burst, a_live, now)
+local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
 local paused, tol, hi_until = 0, 0, 0
 if adapted then
   local costly_until, rate, source, guard
@@ -324,13 +352,12 @@ if adapted then
   paused, rate, guard, hi_until = tonumber(paused) or 0, tonumber(rate), tonumber(guard), tonumber(hi_until) or 0
   if paused <= now and not rate and not guard and not tol and hi_until <= now then redis.call('HDEL', k_gate, 'adapted') end
   tol = tonumber(tol) or 0
-  local span, window, cfg = string.match(a_adapt, '^(%d+)|(%d+)|(.*)$')
   if rate and rate > 0 then
-    local iv, b = spacing(rate, burst, tonumber(span))
+    local iv, b = spacing(rate, burst, p.span)
     interval, burst = math.max(interval, iv), b
   end
   if guard and guard > 0 then
-    local iv, b = spacing(rate or tonumber(cfg), burst, tonumber(window) + guard)
+    local iv, b = spacing(rate or p.rate, burst, p.window + guard)
     interval, burst = math.max(interval, iv), b
   end
 end
@@ -353,12 +380,12 @@ local from, deferred = math.max(now, paused), 0
 for i = 1, #tags do
   local tick, code, why = from, GRANTED, 0
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
-  if tick - now > a_horizon then
+  if tick - now > p.horizon then
     if deferred == 0 then at = tonumber(redis.call('HGET', k_gate, 'defer_at')) or 0 end
-    at = math.max(tick - a_horizon, at + pace)
+    at = math.max(tick - p.horizon, at + pace)
     deferred = deferred + 1
     code, why, tick = DEFERRED, BEYOND_HORIZON, 0
-    if from - now > a_horizon then why = HELD_BY_LIMIT end
+    if from - now > p.horizon then why = HELD_BY_LIMIT end
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
@@ -377,14 +404,13 @@ local m = math.floor(now / 60000000)
 if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
-  log_ticks(k_ticks, ticks, last, a_tick_log, a_keep, now)
+  log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now)
   if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
 end
-local untilv = math.max(last, at) + a_keep
+local untilv = math.max(last, at) + p.keep
 if untilv > kept then
-  local tag_keep, member = string.match(a_keeping, '^(%d+)|(.*)$')
-  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = member}
-  kept = keep_alive(keys, untilv, kept, paused, a_keep, tonumber(tag_keep), now)
+  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = p.member}
+  kept = keep_alive(keys, untilv, kept, paused, p.keep, p.tag_keep, now)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
 end
 -- (widest gives a new wide_at with every new wide, and keeps wide only

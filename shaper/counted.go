@@ -1,7 +1,6 @@
 package shaper
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -281,14 +280,8 @@ func quotaSpec(spec string) string {
 }
 
 // policyLua defines policy_of and total_of: the counted script's Policy
-// and Total arguments as tables, each parsed once per library load and
-// string where the script runs as a Redis function (whose library keeps
-// its state between calls), and on every call where it runs as a script.
-// At most specCache of them are kept: a Redis serving more policies
-// parses some again.
+// and Total arguments as tables (see cacheLua).
 var policyLua = `
-local specs, nspecs = {}, 0
-
 -- quotas_of(s): the quotas of "id:rate:span:slot,..." as counters (see
 -- countersLua).
 local function quotas_of(s)
@@ -297,15 +290,6 @@ local function quotas_of(s)
     out[#out + 1] = {id = id, kind = 'q', rate = rate + 0, span = span + 0, slot = slot + 0}
   end
   return out
-end
-
-local function cached(s, parse)
-  local v = specs[s]
-  if v then return v end
-  v = parse(s)
-  if nspecs >= ` + fmt.Sprint(specCache) + ` then specs, nspecs = {}, 0 end
-  specs[s], nspecs = v, nspecs + 1
-  return v
 end
 
 local function parse_policy(s)
@@ -330,10 +314,6 @@ local function total_of(s)
 end
 `
 
-// specCache bounds the parsed policies a Redis function keeps (see
-// policyLua).
-const specCache = 256
-
 // countedFunction reserves the next tick of one call of a bucket with
 // quotas or a group's total (a per-account vendor), as the full script
 // would: a call of one unit in the normal lane, to a bucket without an
@@ -346,7 +326,7 @@ const specCache = 256
 // Returns {code, wait (µs), reason, tick (µs), 0}, as the full script
 // (see reserveFunction) without the run_id, which the gate passed.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
-	lineFieldLua+lineLua+groupLua+policyLua, countedLua)
+	lineFieldLua+lineLua+groupLua+cacheLua+policyLua, countedLua)
 
 const countedLua = `
 local k_gate = KEYS[1]

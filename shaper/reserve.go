@@ -973,11 +973,10 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 		tags.WriteByte('\n')
 	}
 	return coreArgs{
-		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
-		Keep: b.keep.Microseconds(), Mine: b.mine(iv.Microseconds(), burst),
-		Live: replicaLive.Microseconds(), TickLog: b.tickLog(), Server: runOf(server), Tags: tags.String(),
-		Adapt:   fmt.Sprintf("%d|%d|%d", (p.Limits[0].Window + guard).Microseconds(), p.Limits[0].Window.Microseconds(), p.Limits[0].Rate),
-		Keeping: strconv.FormatInt(tagKeep.Microseconds(), 10) + "|" + b.member,
+		Now: b.gate.redisNow(), Server: runOf(server), Tags: tags.String(), Mine: b.mine(iv.Microseconds(), burst),
+		Policy: fmt.Sprintf("%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s", iv.Microseconds(), burst, p.Horizon.Microseconds(),
+			b.keep.Microseconds(), replicaLive.Microseconds(), b.tickLog(), (p.Limits[0].Window + guard).Microseconds(),
+			p.Limits[0].Window.Microseconds(), p.Limits[0].Rate, tagKeep.Microseconds(), b.member),
 	}
 }
 
