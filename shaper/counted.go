@@ -12,9 +12,9 @@ import (
 // calls by the same code.
 
 // groupLua defines the steps of a grant that involve a bucket's group
-// or its counted limits: the fair share of the total, the total's ring
-// of slots, the earliest tick a line admits, and fitting a tick to both
-// the bucket's line and the total's.
+// or its counted limits: the fair share of the total, the earliest tick
+// a line admits, fitting a tick to both the bucket's line and the
+// total's (a line, or a ring of slots: see ringLua), the total's grant.
 const groupLua = `
 -- fair_pace(k, g, interval, now): the fair share of the group's total
 -- among its buckets with waiting callers (max-min: water-filling),
@@ -105,6 +105,65 @@ local function log_cut(log, k)
   return tonumber(string.sub(log, from, (c or 0) - 1)), string.sub(log, 1, math.max(from - 2, 0))
 end
 
+-- FIT_ROUNDS bounds fit's rounds: a tick both lines admit is found in
+-- two (the bucket's line admits any tick past its next one).
+local FIT_ROUNDS = 8
+
+-- fit(s, t, tick): the earliest tick at or after tick that both the
+-- bucket's line and the total's admit. s is the bucket's line: last, n,
+-- interval, burst, cost, charge (see earliest), and k, kth, span for a
+-- bucket that keeps its log (k > 0, see logged). t is the total's: iv
+-- (0: none), burst, last, n, blocked (no tick before it), and for a ring
+-- (ring > 0) its key slots, horizon and now (see free_slot).
+local function fit(s, t, tick)
+  for _ = 1, FIT_ROUNDS do
+    local a
+    if s.k > 0 then a = logged(s.last, s.n, s.burst, s.kth, s.span, tick, s.cost)
+    else a = earliest(s.last, s.n, s.interval, s.burst, tick, s.cost, s.charge) end
+    local b = a
+    if t.iv > 0 and t.ring > 0 then
+      b = free_slot(t.slots, t.ring, a, t.blocked, t.iv, t.horizon, t.now)
+    elseif t.iv > 0 then
+      b = earliest(t.last, t.n, t.iv, t.burst, math.max(a, t.blocked), 1, true)
+    end
+    tick = b
+    if b == a then break end
+  end
+  return tick
+end
+
+-- total_granted(k, t, tick, cost, keep, now, fields): the total's state
+-- after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
+-- last, n, kept, the total's counters in use, costly_until (nil: not
+-- written) and fields, more of the total hash to write).
+local function total_granted(k, t, tick, cost, keep, now)
+  local tn = 1
+  if tick == t.last then tn = t.n + 1 end
+  local tset = t.fields
+  put(tset, 'last', fmt(math.max(tick, t.last or 0)), 'n', tn)
+  -- The total's keys outlive the tick by keep: extended a little further
+  -- (a quarter of keep, at most a second) once the tick passes what they
+  -- were last extended to (its 'kept'), as the bucket's keys are.
+  local tkept = t.kept
+  if tick + keep > tkept then
+    tkept = tick + keep + math.min(1000000, math.floor(keep / 4))
+    put(tset, 'kept', fmt(tkept))
+  end
+  if t.costly_until then put(tset, 'costly_until', fmt(t.costly_until)) end
+  redis.call('HSET', k.total, unpack(tset))
+  if t.ring > 0 then redis.call('SETBIT', k.slots, math.floor(tick / t.iv) % t.ring, 1) end
+  if tkept ~= t.kept then
+    extend(k.total, tkept, now)
+    if t.ring > 0 then extend(k.slots, tkept, now) end
+  end
+  for _, c in ipairs(t.counters) do counter_add(k.counts, c, tick, cost, keep, now) end
+end
+`
+
+// ringLua defines how a group's total keeps its ticks as a ring of slots
+// over the horizon (a bitmap): the first free slot, and clearing the
+// slots that passed.
+const ringLua = `
 -- first_clear(key, from, to): the first clear bit of the bitmap at key
 -- in bits from..to, or -1. BITPOS's BIT unit is Redis 7's: on a Redis
 -- without it (the embedded one) the bytes are read and scanned here, a
@@ -164,60 +223,6 @@ local function ring_cleared(k_slots, ring, tiv, cleared, kept, keep, now)
   for j = cleared + 1, cur - 1 do redis.call('SETBIT', k_slots, j % ring, 0) end
   return cur - 1
 end
-
--- FIT_ROUNDS bounds fit's rounds: a tick both lines admit is found in
--- two (the bucket's line admits any tick past its next one).
-local FIT_ROUNDS = 8
-
--- fit(s, t, tick): the earliest tick at or after tick that both the
--- bucket's line and the total's admit. s is the bucket's line: last, n,
--- interval, burst, cost, charge (see earliest), and k, kth, span for a
--- bucket that keeps its log (k > 0, see logged). t is the total's: iv
--- (0: none), burst, last, n, blocked (no tick before it), and for a ring
--- (ring > 0) its key slots, horizon and now (see free_slot).
-local function fit(s, t, tick)
-  for _ = 1, FIT_ROUNDS do
-    local a
-    if s.k > 0 then a = logged(s.last, s.n, s.burst, s.kth, s.span, tick, s.cost)
-    else a = earliest(s.last, s.n, s.interval, s.burst, tick, s.cost, s.charge) end
-    local b = a
-    if t.iv > 0 and t.ring > 0 then
-      b = free_slot(t.slots, t.ring, a, t.blocked, t.iv, t.horizon, t.now)
-    elseif t.iv > 0 then
-      b = earliest(t.last, t.n, t.iv, t.burst, math.max(a, t.blocked), 1, true)
-    end
-    tick = b
-    if b == a then break end
-  end
-  return tick
-end
-
--- total_granted(k, t, tick, cost, keep, now, fields): the total's state
--- after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
--- last, n, kept, the total's counters in use, costly_until (nil: not
--- written) and fields, more of the total hash to write).
-local function total_granted(k, t, tick, cost, keep, now)
-  local tn = 1
-  if tick == t.last then tn = t.n + 1 end
-  local tset = t.fields
-  put(tset, 'last', fmt(math.max(tick, t.last or 0)), 'n', tn)
-  -- The total's keys outlive the tick by keep: extended a little further
-  -- (a quarter of keep, at most a second) once the tick passes what they
-  -- were last extended to (its 'kept'), as the bucket's keys are.
-  local tkept = t.kept
-  if tick + keep > tkept then
-    tkept = tick + keep + math.min(1000000, math.floor(keep / 4))
-    put(tset, 'kept', fmt(tkept))
-  end
-  if t.costly_until then put(tset, 'costly_until', fmt(t.costly_until)) end
-  redis.call('HSET', k.total, unpack(tset))
-  if t.ring > 0 then redis.call('SETBIT', k.slots, math.floor(tick / t.iv) % t.ring, 1) end
-  if tkept ~= t.kept then
-    extend(k.total, tkept, now)
-    if t.ring > 0 then extend(k.slots, tkept, now) end
-  end
-  for _, c in ipairs(t.counters) do counter_add(k.counts, c, tick, cost, keep, now) end
-end
 `
 
 // countedKeyNames names the counted script's KEYS, in order
@@ -255,7 +260,7 @@ func (a countedArgs) argv() []any {
 // full script's (the fields of the same names).
 func (a reserveArgs) counted(mine string) countedArgs {
 	num := func(v int64) string { return strconv.FormatInt(v, 10) }
-	rate := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) } // as go-redis sends a float64
+	rate := redisFloat
 	p := strings.Join([]string{num(a.Interval), strconv.Itoa(a.Burst), num(a.Horizon), num(a.Keep), num(a.ReplicaLive),
 		strconv.Itoa(a.TickLog), num(a.TagKeep), num(a.Span), num(a.LogLen), rate(a.OwnRate), quotaSpec(a.Limits)}, "|")
 	var total string
@@ -326,7 +331,7 @@ end
 // Returns {code, wait (µs), reason, tick (µs), 0}, as the full script
 // (see reserveFunction) without the run_id, which the gate passed.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
-	lineFieldLua+lineLua+groupLua+cacheLua+policyLua, countedLua)
+	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
 
 const countedLua = `
 local k_gate = KEYS[1]

@@ -87,3 +87,16 @@ func TestCoreRunsAsAScriptWithoutFunctions(t *testing.T) {
 		t.Error("the gate still calls functions on a Redis without them")
 	}
 }
+
+// TestScriptsLoadOnRedis: where Functions are missing (Redis before 7) a
+// reserve function runs as one script, its library and body one chunk;
+// Redis's Lua must compile it (a chunk holds at most 200 locals, which
+// the library's steps and the body's bindings share).
+func TestScriptsLoadOnRedis(t *testing.T) {
+	rdb := redistest.Client(t)
+	for _, f := range []*function{coreFunction, countedFunction, reserveFunction} {
+		if err := f.script.Load(context.Background(), rdb).Err(); err != nil {
+			t.Errorf("%s as a script: %v", f.name, err)
+		}
+	}
+}

@@ -236,59 +236,98 @@ end
 var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "epoch", "expiry", "total",
 	"asking", "rates", "slots", "ticks", "counts", "total_counts", "tags"}
 
-// reserveArgs are the reserve script's ARGV, in order: the script binds
-// each to a local a_<lua tag> (TestScriptBindings).
+// reserveArgs is what a grant of one call says to the reserve scripts:
+// the full one takes it as fullArgs, the counted one as countedArgs.
 type reserveArgs struct {
-	Now         int64  `lua:"now"`           // Redis time override (µs; 0: TIME)
-	Interval    int64  `lua:"interval"`      // tick interval (µs) of the caller's policy
-	Burst       int    `lua:"burst"`         // units per tick of the caller's policy
-	Horizon     int64  `lua:"horizon"`       // µs: no tick is reserved further ahead
-	MaxInFlight int    `lua:"max_in_flight"` // 0: no cap
-	LeaseTTL    int64  `lua:"lease_ttl"`     // µs, counted from the tick
-	Lease       string `lua:"lease"`         // lease id ("" without a cap)
-	Span        int64  `lua:"span"`          // the primary limit's window + guard (µs)
-	ReplicaLive int64  `lua:"replica_live"`  // µs: configured ticks older than this do not count
-	Keep        int64  `lua:"keep"`          // µs the state outlives its last tick
-	Member      string `lua:"member"`        // the bucket's name in its group ("" for a group of one)
-	Replica     string `lua:"replica"`       // the caller's replica id and its policy's generation: "replica|gen" (see Bucket.mine)
+	Now         int64  // Redis time override (µs; 0: TIME)
+	Interval    int64  // tick interval (µs) of the caller's policy
+	Burst       int    // units per tick of the caller's policy
+	Horizon     int64  // µs: no tick is reserved further ahead
+	MaxInFlight int    // 0: no cap
+	LeaseTTL    int64  // µs, counted from the tick
+	Lease       string // lease id ("" without a cap)
+	Span        int64  // the primary limit's window + guard (µs)
+	ReplicaLive int64  // µs: configured ticks older than this do not count
+	Keep        int64  // µs the state outlives its last tick
+	Member      string // the bucket's name in its group ("" for a group of one)
 	// The group's total ("" and zeros without one).
-	TotalInterval int64   `lua:"total_interval"` // µs
-	TotalBurst    int     `lua:"total_burst"`
-	TotalSpan     int64   `lua:"total_span"`   // its primary window + guard (µs)
-	TotalRate     float64 `lua:"total_rate"`   // calls per total window
-	OwnRate       float64 `lua:"own_rate"`     // the bucket's own rate per total window
-	Ring          int64   `lua:"ring"`         // slots of the total's ring bitmap (0: a line of ticks)
-	LogLen        int64   `lua:"log_len"`      // ticks kept in the bucket's log (0: none)
-	Rate          float64 `lua:"rate"`         // the configured primary rate
-	RaiseStep     float64 `lua:"raise_step"`   // see raiseLua
-	Quiet         int64   `lua:"quiet"`        // µs, see raiseLua
-	Probe         int64   `lua:"probe"`        // µs, see raiseLua
-	TickLog       int     `lua:"tick_log"`     // length of the ticks list (0: keep none)
-	Window        int64   `lua:"window"`       // the primary limit's window (µs)
-	Warmup        int64   `lua:"warmup"`       // µs; 0: none
-	WarmupFrom    float64 `lua:"warmup_from"`  // calls per primary window
-	Cost          int     `lua:"cost"`         // units the call uses of every limit
-	High          bool    `lua:"high"`         // the call is in the high lane
-	Limits        string  `lua:"limits"`       // the bucket's limits (limitSpec)
-	TotalLimits   string  `lua:"total_limits"` // the total's limits (limitSpec; "" without one)
-	Recheck       int64   `lua:"recheck"`      // quiet time (µs) before a learned rate probes toward est_hi (Adapt.Recheck windows)
-	Ceiling       float64 `lua:"ceiling"`      // see raiseLua (Adapt.Ceiling)
-	Tag           string  `lua:"tag"`          // the call's tag (Request.Tag; "": none)
-	TagKeep       int64   `lua:"tag_keep"`     // µs a tag outlives its tick in the record
-	Server        string  `lua:"server"`       // the server's run_id as the gate knows it ("": ask INFO; noServer: unknown)
+	TotalInterval int64 // µs
+	TotalBurst    int
+	TotalSpan     int64   // its primary window + guard (µs)
+	TotalRate     float64 // calls per total window
+	OwnRate       float64 // the bucket's own rate per total window
+	Ring          int64   // slots of the total's ring bitmap (0: a line of ticks)
+	LogLen        int64   // ticks kept in the bucket's log (0: none)
+	Rate          float64 // the configured primary rate
+	RaiseStep     float64 // see raiseLua
+	Quiet         int64   // µs, see raiseLua
+	Probe         int64   // µs, see raiseLua
+	TickLog       int     // length of the ticks list (0: keep none)
+	Window        int64   // the primary limit's window (µs)
+	Warmup        int64   // µs; 0: none
+	WarmupFrom    float64 // calls per primary window
+	Cost          int     // units the call uses of every limit
+	High          bool    // the call is in the high lane
+	Limits        string  // the bucket's limits (limitSpec)
+	TotalLimits   string  // the total's limits (limitSpec; "" without one)
+	Recheck       int64   // quiet time (µs) before a learned rate probes toward est_hi (Adapt.Recheck windows)
+	Ceiling       float64 // see raiseLua (Adapt.Ceiling)
+	Tag           string  // the call's tag (Request.Tag; "": none)
+	TagKeep       int64   // µs a tag outlives its tick in the record
+	Server        string  // the server's run_id as the gate knows it ("": ask INFO; noServer: unknown)
+}
+
+// fullArgs are the full reserve script's ARGV, in order
+// (TestScriptBindings). What the bucket's policy and its group's total
+// say comes in two strings (see cacheLua).
+type fullArgs struct {
+	Now    int64  `lua:"now"`    // Redis time override (µs; 0: TIME)
+	Server string `lua:"server"` // the server's run_id as the gate knows it ("": ask INFO; noServer: unknown)
+	Tag    string `lua:"tag"`    // the call's tag (Request.Tag; "": none)
+	Member string `lua:"member"` // the bucket's name in its group ("" for a group of one)
+	Mine   string `lua:"mine"`   // the caller's tick as widest keeps it (Bucket.mine)
+	Cost   int    `lua:"cost"`   // units the call uses of every limit
+	High   bool   `lua:"high"`   // the call is in the high lane
+	Lease  string `lua:"lease"`  // lease id ("" without a cap)
+	// Policy is "interval|burst|horizon|max_in_flight|lease_ttl|span|
+	// replica_live|keep|log_len|rate|raise_step|quiet|probe|recheck|
+	// ceiling|tick_log|window|warmup|warmup_from|tag_keep|limits", the
+	// fields of reserveArgs of those names.
+	Policy string `lua:"policy"`
+	// Total is "interval|burst|span|rate|own_rate|ring|limits", the
+	// group's total (reserveArgs' Total* fields, OwnRate and Ring; "":
+	// none).
+	Total string `lua:"total"`
 }
 
 // argv returns the arguments in the order of the struct's fields.
-func (a reserveArgs) argv() []any {
+func (a fullArgs) argv() []any {
 	high := 0
 	if a.High {
 		high = 1
 	}
-	return []any{a.Now, a.Interval, a.Burst, a.Horizon, a.MaxInFlight, a.LeaseTTL, a.Lease, a.Span,
-		a.ReplicaLive, a.Keep, a.Member, a.Replica, a.TotalInterval, a.TotalBurst, a.TotalSpan, a.TotalRate,
-		a.OwnRate, a.Ring, a.LogLen, a.Rate, a.RaiseStep, a.Quiet, a.Probe, a.TickLog, a.Window, a.Warmup,
-		a.WarmupFrom, a.Cost, high, a.Limits, a.TotalLimits, a.Recheck, a.Ceiling, a.Tag, a.TagKeep, a.Server}
+	return []any{a.Now, a.Server, a.Tag, a.Member, a.Mine, a.Cost, high, a.Lease, a.Policy, a.Total}
 }
+
+// full builds the full script's arguments; mine is the caller's tick as
+// widest keeps it.
+func (a reserveArgs) full(mine string) fullArgs {
+	num := func(v int64) string { return strconv.FormatInt(v, 10) }
+	policy := strings.Join([]string{num(a.Interval), strconv.Itoa(a.Burst), num(a.Horizon), strconv.Itoa(a.MaxInFlight),
+		num(a.LeaseTTL), num(a.Span), num(a.ReplicaLive), num(a.Keep), num(a.LogLen), redisFloat(a.Rate), redisFloat(a.RaiseStep),
+		num(a.Quiet), num(a.Probe), num(a.Recheck), redisFloat(a.Ceiling), strconv.Itoa(a.TickLog), num(a.Window), num(a.Warmup),
+		redisFloat(a.WarmupFrom), num(a.TagKeep), a.Limits}, "|")
+	var total string
+	if a.TotalInterval > 0 {
+		total = strings.Join([]string{num(a.TotalInterval), strconv.Itoa(a.TotalBurst), num(a.TotalSpan), redisFloat(a.TotalRate),
+			redisFloat(a.OwnRate), num(a.Ring), a.TotalLimits}, "|")
+	}
+	return fullArgs{Now: a.Now, Server: a.Server, Tag: a.Tag, Member: a.Member, Mine: mine, Cost: a.Cost, High: a.High,
+		Lease: a.Lease, Policy: policy, Total: total}
+}
+
+// redisFloat is v as go-redis sends a float64 argument.
+func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // reserveFunction reserves the next tick of one call, of its bucket and of
 // its group's total when it has one. The model: a bucket has limits, each
@@ -309,18 +348,15 @@ func (a reserveArgs) argv() []any {
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
 var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCounterLua+spacingLua+extendLua+raiseLua+countersLua+
-	lineFieldLua+lineLua+groupLua+reserveLua[:strings.Index(reserveLua, reserveBody)], reserveLua[strings.Index(reserveLua, reserveBody):])
+	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
-// reserveBody is where reserveLua's bindings, and so the part run on each
-// call, begin.
-const reserveBody = "local k_gate = KEYS[1]\n"
-
-// reserveLua is the main part of the reserve script.
-const reserveLua = `-- Each step of the model is a function of its inputs, defined before the
--- bindings below so that a call of the script creates no closure over
--- them; the main part at the end binds KEYS and ARGV and calls the
--- steps in order.
-
+// reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
+// of the full reserve script that only it takes (see groupLua for those
+// it shares with the counted one); reserveStepsLua those of the tick and
+// the state: adaptation, the server, a lost state, warm-up. Each step of
+// the model is a function of its inputs, defined in the library so that
+// a call creates no closure over them.
+const reserveStepsLua = `
 -- adapted_tick: what adaptation set (a lowered or learned rate, a learned
 -- guard from refusals at the full rate: network jitter, a vendor that
 -- enforces spacing) widens the tick. ctl holds the control hash's
@@ -392,6 +428,25 @@ local function server(k_epoch, known, keep, now)
   return known, runid, epoch, switched
 end
 
+-- lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon,
+-- now): where the next tick of a lost state comes (nil: not lost), and
+-- whether the loss is certain (a known server switched, or the state is
+-- missing while the group says it should be there). st is the gate hash.
+local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, now)
+  -- A state holding a plan and no tick yet (calls planned, none granted)
+  -- lost nothing, unless the group lost its epoch with it.
+  if last == nil and (st.plan == false or not epoch or switched) then
+    local exp = tonumber(redis.call('ZSCORE', k_expiry, member))
+    if not epoch or switched or (exp and exp > now) then
+      return now + horizon, switched or (epoch and exp ~= nil and exp > now)
+    end
+  elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
+    -- A stale copy: ticks it lacks reach at most now + horizon.
+    return math.max(last, now + horizon), true
+  end
+  return nil, false
+end
+
 -- log_at(l, k, span): the log of a state reset at l, its last k ticks as
 -- if spaced at the bucket's pace up to l, so that the next come at that
 -- pace.
@@ -418,6 +473,26 @@ local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, 
   return warm
 end
 
+-- warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval,
+-- burst, now): the tick while a warm-up ramp runs (see warm_since), from
+-- p.warmup_from to the rate over p.warmup.
+local function warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval, burst, now)
+  local warm = warm_since(k_gate, st.line ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), p.window, now)
+  if not warm or now - warm >= p.warmup then return interval, burst end
+  local top = rate or p.rate
+  local from = math.min(p.warmup_from, top)
+  local r = from + (top - from) * math.max(now - warm, 0) / p.warmup
+  local span = p.span
+  if lguard and lguard > 0 then span = math.max(span, p.window + lguard) end
+  local iv, b = spacing(r, burst, span)
+  return math.max(interval, iv), math.min(burst, b)
+end
+`
+
+// reserveLimitsLua defines the full script's steps for its limits: the
+// spaced counters a costly call puts in use, the counters' earliest
+// start, the in-flight lease, the total's line of ticks.
+const reserveLimitsLua = `
 -- spaced_span(cs): how long a call stays in the spaced counters of cs.
 local function spaced_span(cs)
   local w = 0
@@ -444,7 +519,91 @@ local function counted_spaced(key, cs, costly_until, l, now, state, field)
   end
 end
 
--- The main part.
+-- counters_start(k_counts, own, k_total_counts, totals, cost, from,
+-- now): the earliest start at or after from every counter in use admits
+-- cost more units at, and whether the bucket's line charges a tick's
+-- units (a spaced limit without a guard is kept by the spacing alone for
+-- calls of one unit, and not counted for them).
+local function counters_start(k_counts, own, k_total_counts, totals, cost, from, now)
+  local charge = false
+  for _, c in ipairs(own) do
+    if c.kind ~= 's' or cost > 1 then from = math.max(from, counter_free_at(k_counts, c, cost, now)) end
+    if c.kind == 's' then charge = true end
+  end
+  for _, c in ipairs(totals) do
+    if c.kind ~= 's' or cost > 1 then from = math.max(from, counter_free_at(k_total_counts, c, cost, now)) end
+  end
+  return from, charge
+end
+
+-- leased(k_inflight, cap, ttl, lease, tick, now): the call's in-flight
+-- lease, until ttl after its tick, unless cap leases are live.
+local function leased(k_inflight, cap, ttl, lease, tick, now)
+  redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
+  if redis.call('ZCARD', k_inflight) >= cap then return false end
+  redis.call('ZADD', k_inflight, fmt(tick + ttl), lease)
+  extend(k_inflight, tick + ttl, now)
+  return true
+end
+
+-- total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep,
+-- now): the total's line of ticks, one total interval apart: its last
+-- tick, the calls on it, and the tick before which none may come
+-- (blocked), and whether it was reset. In slot mode (ring > 0) the ticks
+-- are slots of a ring bitmap over the horizon, so that a bucket's tick
+-- can take any free slot and ticks reserved ahead by other buckets leave
+-- no unused gaps; otherwise (very high totals) a line, like a bucket's.
+-- Lost with the group, or a stale copy, the total's ticks reach at most
+-- now + horizon. k holds the keys (total, slots, counts), ts the total's
+-- hash, t its policy.
+local function total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep, now)
+  local tlast, tn, blocked = tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.blocked) or 0
+  local stale = runid ~= '' and (ts.run or '') ~= runid and (tlast ~= nil or switched)
+  local reset = not epoch or stale
+  if reset then
+    blocked = math.max(blocked, now + horizon)
+    redis.call('DEL', k.slots)
+    redis.call('HSET', k.total, 'blocked', fmt(blocked), 'run', runid)
+    if tlast == nil then tlast, tn = blocked, t.burst end
+    for _, c in ipairs(totals) do
+      if c.kind ~= 'q' or stale then counter_fill(k.counts, c, blocked, now) end
+    end
+  end
+  if t.ring > 0 then
+    local cleared = ring_cleared(k.slots, t.ring, t.interval, tonumber(ts.cleared), tonumber(ts.kept) or 0, keep, now)
+    redis.call('HSET', k.total, 'cleared', fmt(cleared))
+  end
+  return tlast, tn, blocked, reset
+end
+`
+
+// fullPolicyLua defines full_policy and total_policy: fullArgs' Policy
+// and Total as tables.
+const fullPolicyLua = `
+local function parse_full(s)
+  local iv, b, horizon, cap, ttl, span, live, keep, log_len, rate, step, quiet, probe, recheck, ceiling, tick_log, window,
+    warmup, warmup_from, tag_keep, limits = string.match(s, '^' .. string.rep('([^|]*)|', 20) .. '(.*)$')
+  rate = tonumber(rate)
+  return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, max_in_flight = cap + 0, lease_ttl = ttl + 0, span = span + 0,
+    live = live + 0, keep = keep + 0, log_len = log_len + 0, rate = rate, tick_log = tick_log + 0, window = window + 0,
+    warmup = warmup + 0, warmup_from = tonumber(warmup_from), tag_keep = tag_keep + 0, limits = parse_limits(limits),
+    raise = {cfg = rate, step = tonumber(step), quiet = quiet + 0, probe = probe + 0, recheck = recheck + 0, ceiling = tonumber(ceiling)}}
+end
+local function parse_total(s)
+  local iv, b, span, rate, own, ring, limits = string.match(s, '^' .. string.rep('([^|]*)|', 6) .. '(.*)$')
+  return {interval = iv + 0, burst = b + 0, span = span + 0, rate = tonumber(rate), own_rate = own, ring = ring + 0,
+    limits = parse_limits(limits)}
+end
+local function full_policy(s) return cached(s, parse_full) end
+local function total_policy(s)
+  if s == '' then return nil end
+  return cached(s, parse_total)
+end
+`
+
+// reserveLua is the full reserve script's main part: it binds KEYS and
+// ARGV and calls the steps in order.
+const reserveLua = `
 local k_gate = KEYS[1]
 local k_control = KEYS[2]
 local k_stats = KEYS[3]
@@ -459,58 +618,30 @@ local k_ticks = KEYS[11]
 local k_counts = KEYS[12]
 local k_total_counts = KEYS[13]
 local k_tags = KEYS[14]
-
-local a_now = tonumber(ARGV[1])
-local a_interval = ARGV[2]
-local a_burst = ARGV[3]
-local a_horizon = tonumber(ARGV[4])
-local a_max_in_flight = tonumber(ARGV[5])
-local a_lease_ttl = tonumber(ARGV[6])
-local a_lease = ARGV[7]
-local a_span = tonumber(ARGV[8])
-local a_replica_live = tonumber(ARGV[9])
-local a_keep = tonumber(ARGV[10])
-local a_member = ARGV[11]
-local a_replica = ARGV[12]
-local a_total_interval = tonumber(ARGV[13])
-local a_total_burst = tonumber(ARGV[14])
-local a_total_span = tonumber(ARGV[15])
-local a_total_rate = tonumber(ARGV[16])
-local a_own_rate = ARGV[17]
-local a_ring = tonumber(ARGV[18])
-local a_log_len = tonumber(ARGV[19])
-local a_rate = tonumber(ARGV[20])
-local a_raise_step = tonumber(ARGV[21])
-local a_quiet = tonumber(ARGV[22])
-local a_probe = tonumber(ARGV[23])
-local a_tick_log = tonumber(ARGV[24])
-local a_window = tonumber(ARGV[25])
-local a_warmup = tonumber(ARGV[26])
-local a_warmup_from = tonumber(ARGV[27])
-local a_cost = tonumber(ARGV[28])
-local a_high = ARGV[29] == '1'
-local a_limits = ARGV[30]
-local a_total_limits = ARGV[31]
-local a_recheck = tonumber(ARGV[32])
-local a_ceiling = tonumber(ARGV[33])
-local a_tag = ARGV[34]
-local a_tag_keep = tonumber(ARGV[35])
-local a_server = ARGV[36]
+local a_now = ARGV[1] + 0
+local a_server = ARGV[2]
+local a_tag = ARGV[3]
+local a_member = ARGV[4]
+local a_mine = ARGV[5]
+local a_cost = ARGV[6] + 0
+local a_high = ARGV[7] == '1'
+local a_lease = ARGV[8]
+local a_policy = ARGV[9]
+local a_total = ARGV[10]
+local p = full_policy(a_policy)
+local t = total_policy(a_total) -- nil without a total
 local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
-
 local now = now_from(a_now)
-local tiv = a_total_interval
+local tiv = t and t.interval or 0
 
--- 1. The tick: the widest live one (see widest), widened by adaptation
--- and the fair share.
--- Hash fields read by name at the read (false: not set).
+-- 1. The tick: the widest live one (see widest), widened by adaptation and
+-- the fair share. Hash fields are read by name (false: not set).
 local st = {}
 st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until,
   st.wide, st.wide_at, st.adapted, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'line',
   'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'wide', 'wide_at', 'adapted',
   'asked_at', 'asked_rate'))
-local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_interval .. '|' .. a_burst .. '|' .. a_replica,
-  tonumber(a_interval), tonumber(a_burst), a_replica_live, now)
+local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_mine, p.interval, p.burst, p.live, now)
 if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new)) end
 -- The control hash is read under the gate hash's mark (see adaptedLua),
 -- and for a state made anew, which gets the mark again if it applies.
@@ -520,13 +651,9 @@ if st.adapted or not st.line then
     'paused_until', 'rate', 'rate_source', 'guard', 'tol', 'pause_from'))
 end
 local rate
-local raise = {cfg = a_rate, step = a_raise_step, quiet = a_quiet, probe = a_probe, recheck = a_recheck, ceiling = a_ceiling}
-interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, raise, a_span, a_window)
+interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, p.raise, p.span, p.window)
 local paused = tonumber(ctl.paused_until) or 0
 local lguard = tonumber(ctl.guard)
--- The core script reads the control hash only while the gate hash says
--- it shapes the bucket (see adaptedLua): say it again for a state made
--- anew.
 if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
 local ts = {} -- the total's hash, read by name
 if tiv > 0 then
@@ -535,56 +662,37 @@ if tiv > 0 then
 end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
-  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = a_own_rate,
-    rate = a_total_rate, span = a_total_span, horizon = a_horizon, keep = a_keep, asked_at = st.asked_at,
+  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = t.own_rate,
+    rate = t.rate, span = t.span, horizon = p.horizon, keep = p.keep, asked_at = st.asked_at,
     asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at}, interval, now)
 end
 
--- 2. The state, and whether it was lost.
-local known, runid, epoch, switched = server(k_epoch, a_server, a_keep, now)
+-- 2. The state, and whether it was lost. The counters in use: every
+-- quota's, and the spaced limits' while calls of more than one unit come
+-- (costly_until: a span after the last one); see counted_spaced.
+local known, runid, epoch, switched = server(k_epoch, a_server, p.keep, now)
 local last, n, gm, gc, kept = read_line(st.line)
 local m = math.floor(now / 60000000)
 local logs = st.log
 local reason = BEYOND_HORIZON
--- The counters in use: every quota's, and the spaced limits' while calls
--- of more than one unit come (costly_until: a span after the last one).
--- Calls of one unit alone are kept by the spacing; the spaced counters
--- start at the first costlier call, counting the window before it as
--- full (see counted_spaced).
-local own = counters_in_use(parse_limits(a_limits), a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
+local own = counters_in_use(p.limits, a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
-local total_costly, total_last = 0, nil
-if tiv > 0 then
-  total_costly, total_last = tonumber(ts.costly_until) or 0, tonumber(ts.last)
-  totals = counters_in_use(parse_limits(a_total_limits), a_cost > 1 or total_costly > now)
-end
+local total_costly = tonumber(ts.costly_until) or 0
+if tiv > 0 then totals = counters_in_use(t.limits, a_cost > 1 or total_costly > now) end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
-  -- The core script reads costly_until only under the mark (see adaptedLua).
-  redis.call('HSET', k_gate, 'adapted', '1')
+  redis.call('HSET', k_gate, 'adapted', '1') -- the core script reads costly_until only under the mark
   counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now, k_gate, 'costly_until')
-  if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, total_last, now, k_total, 'costly_until') end
+  if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, tonumber(ts.last), now, k_total, 'costly_until') end
 end
 -- A lost state's next tick comes at l (the old one may have granted
 -- ticks up to there), its log rebuilt to match, every spaced counter
 -- spent up to l, and each quota spent for its window when the loss is
--- certain (a known server switched, or the state is missing while the
--- group says it should be there): what the old state granted is unknown.
-local lost, certain = nil, false
--- A state holding a plan and no tick yet (calls planned, none granted)
--- lost nothing, unless the group lost its epoch with it.
-if last == nil and (st.plan == false or not epoch or switched) then
-  local exp = tonumber(redis.call('ZSCORE', k_expiry, a_member))
-  if not epoch or switched or (exp and exp > now) then
-    lost, certain = now + a_horizon, switched or (epoch and exp ~= nil and exp > now)
-  end
-elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
-  -- A stale copy: ticks it lacks reach at most now + horizon.
-  lost, certain = math.max(last, now + a_horizon), true
-end
+-- certain: what the old state granted is unknown.
+local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, now)
 if lost then
-  last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, a_log_len, a_span)
+  last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, p.log_len, p.span)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept), 'run', run_of(runid), 'log', logs)
   redis.call('HINCRBY', k_stats, 'resets', 1)
   for _, c in ipairs(own) do
@@ -592,11 +700,10 @@ if lost then
   end
 end
 
--- keep_line(k, untilv, paused, tag_keep): keep_alive, and the line's
--- kept with what it extended the keys to (a state without a line keeps
--- nothing: its next call extends them again).
-local function keep_line(k, untilv, paused, tag_keep)
-  local ext = keep_alive(k, untilv, kept, paused, a_keep, tag_keep, now)
+-- keep_line(untilv, tag_keep): keep_alive, and the line's kept with what it
+-- extended the keys to (a state without a line: its next call extends them).
+local function keep_line(untilv, tag_keep)
+  local ext = keep_alive(keys, untilv, kept, paused, p.keep, tag_keep, now)
   if ext and last then
     kept = ext
     redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept))
@@ -604,47 +711,15 @@ local function keep_line(k, untilv, paused, tag_keep)
 end
 
 -- 3. Warm-up: the rate ramps from warmup_from to the rate over warmup.
-if a_warmup > 0 then
-  local warm = warm_since(k_gate, st.line ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), a_window, now)
-  if warm and now - warm < a_warmup then
-    local top = rate or a_rate
-    local from = math.min(a_warmup_from, top)
-    local r = from + (top - from) * math.max(now - warm, 0) / a_warmup
-    local span = a_span
-    if lguard and lguard > 0 then span = math.max(span, a_window + lguard) end
-    local iv, b = spacing(r, burst, span)
-    interval = math.max(interval, iv)
-    burst = math.min(burst, b)
-  end
-end
+if p.warmup > 0 then interval, burst = warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval, burst, now) end
 
--- 4. The total: ticks one total interval apart. In slot mode (ring > 0)
--- they are slots of a ring bitmap over the horizon, so that a bucket's
--- tick can take any free slot, and ticks reserved ahead by other buckets
--- leave no unused gaps; otherwise (very high totals) a line, like a
--- bucket's own ticks.
+-- 4. The total's line of ticks (see total_line).
 local tlast, tn, blocked = nil, 0, 0
 if tiv > 0 then
-  tlast = tonumber(ts.last)
-  tn = tonumber(ts.n) or 0
-  blocked = tonumber(ts.blocked) or 0
-  local stale = runid ~= '' and (ts.run or '') ~= runid and (tlast ~= nil or switched)
-  if not epoch or stale then
-    -- Lost with the group, or a stale copy: the total's ticks reach at
-    -- most now + horizon.
-    blocked = math.max(blocked, now + a_horizon)
-    redis.call('DEL', k_slots)
-    redis.call('HSET', k_total, 'blocked', fmt(blocked), 'run', runid)
-    if tlast == nil then tlast = blocked; tn = a_total_burst end
-    reason = STATE_RESET
-    for _, c in ipairs(totals) do
-      if c.kind ~= 'q' or stale then counter_fill(k_total_counts, c, blocked, now) end
-    end
-  end
-  if a_ring > 0 then
-    local cleared = ring_cleared(k_slots, a_ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, a_keep, now)
-    redis.call('HSET', k_total, 'cleared', fmt(cleared))
-  end
+  local reset
+  tlast, tn, blocked, reset = total_line({total = k_total, slots = k_slots, counts = k_total_counts}, ts, t, epoch, switched,
+    runid, totals, p.horizon, p.keep, now)
+  if reset then reason = STATE_RESET end
 end
 
 -- 5. Lanes: while a high call waits for a tick, normal calls step aside.
@@ -654,20 +729,8 @@ if not a_high and hi_until > now then
   return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0, known}
 end
 
--- 6. The counters: a call starts once every counter admits its cost (a
--- spaced limit without a guard is kept by the spacing alone for calls of
--- one unit, and is not counted for them: its line charges a tick's units
--- instead).
-local tick = math.max(now, paused)
-local charge = false
-for _, c in ipairs(own) do
-  if c.kind ~= 's' or a_cost > 1 then tick = math.max(tick, counter_free_at(k_counts, c, a_cost, now)) end
-  if c.kind == 's' then charge = true end
-end
-for _, c in ipairs(totals) do
-  if c.kind ~= 's' or a_cost > 1 then tick = math.max(tick, counter_free_at(k_total_counts, c, a_cost, now)) end
-end
-local start = tick -- the earliest start the pause and the counters allow
+-- 6. The counters: the earliest start the pause and the counters allow.
+local start, charge = counters_start(k_counts, own, k_total_counts, totals, a_cost, math.max(now, paused), now)
 
 -- 7. The earliest tick every line admits. In a group with a total, a
 -- bucket keeps its own pace: a virtual time vt one pace apart per unit
@@ -675,14 +738,13 @@ local start = tick -- the earliest start the pause and the counters allow
 -- actual ticks, so that a tick the total pushed later does not slow it
 -- down further; its own limit then holds by the log of its last ticks
 -- (logged), used while nothing (a lowered rate, a slower replica)
--- widened the tick.
-local k = a_log_len
-local kth, head = nil, ''
-if k > 0 and interval == tonumber(a_interval) and burst == tonumber(a_burst) then
-  kth, head = log_cut(logs or '', k)
-else
-  k = 0
-end
+-- widened the tick. A bucket held to its fair share reserves only half a
+-- horizon ahead, so that buckets below their share (which keep the
+-- whole horizon) find the total's slots they need before the others
+-- take them.
+local tick = start
+local k, kth, head = p.log_len, nil, ''
+if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(logs or '', k) else k = 0 end
 local vt = nil
 if tiv > 0 then
   local pace = math.max(math.floor(interval / burst), fair)
@@ -690,18 +752,15 @@ if tiv > 0 then
   tick = math.max(tick, vt)
   vt = vt + pace * (a_cost - 1)
 end
--- A bucket held to its fair share reserves only half a horizon ahead, so
--- that buckets below their share (which keep the whole horizon) find the
--- total's slots they need before the others take them.
-local horizon = a_horizon
+local horizon = p.horizon
 if fair > 0 and fair >= math.floor(interval / burst) then horizon = math.floor(horizon / 2) end
-tick = fit({last = last, n = n, interval = interval, burst = burst, cost = a_cost, charge = charge, k = k, kth = kth, span = a_span},
-  {iv = tiv, burst = a_total_burst, last = tlast, n = tn, blocked = blocked, ring = a_ring, slots = k_slots, horizon = horizon, now = now}, tick)
+tick = fit({last = last, n = n, interval = interval, burst = burst, cost = a_cost, charge = charge, k = k, kth = kth, span = p.span},
+  {iv = tiv, burst = t and t.burst, last = tlast, n = tn, blocked = blocked, ring = t and t.ring, slots = k_slots, horizon = horizon,
+    now = now}, tick)
 
--- 8. Beyond the horizon, or at the in-flight cap: come back later. Each
--- deferred caller gets its own moment to come back, one tick apart in
--- each lane, so that a crowd beyond the horizon polls once per tick in
--- the order it arrived, not all at once.
+-- 8. Beyond the horizon, or at the in-flight cap: come back later, each
+-- deferred caller one tick after the one before in its lane, so that a
+-- crowd beyond the horizon polls once per tick in the order it arrived.
 if tick - now > horizon then
   if reason == BEYOND_HORIZON and start - now > horizon then reason = HELD_BY_LIMIT end
   local field, prev = 'defer_at', st.defer_at
@@ -709,21 +768,15 @@ if tick - now > horizon then
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))
   redis.call('HSET', k_gate, field, fmt(at))
   if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval), 'adapted', '1') end
-  keep_line(keys, math.max(at, last or 0) + a_keep, paused, 0)
+  keep_line(math.max(at, last or 0) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {DEFERRED, at - now, reason, 0, 0, known}
 end
-if a_max_in_flight > 0 then
-  redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
-  if redis.call('ZCARD', k_inflight) >= a_max_in_flight then
-    -- The gate hash may be new (its 'wide'): it expires as after a grant.
-    keep_line(keys, math.max(last or now, now) + a_keep, paused, 0)
-    redis.call('HINCRBY', k_stats, 'deferred', 1)
-    return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
-  end
-  local lease = tick + a_lease_ttl
-  redis.call('ZADD', k_inflight, fmt(lease), a_lease)
-  extend(k_inflight, lease, now)
+if p.max_in_flight > 0 and not leased(k_inflight, p.max_in_flight, p.lease_ttl, a_lease, tick, now) then
+  -- The gate hash may be new (its 'wide'): it expires as after a grant.
+  keep_line(math.max(last or now, now) + p.keep, 0)
+  redis.call('HINCRBY', k_stats, 'deferred', 1)
+  return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
 end
 
 -- 9. Grant: the bucket's state, the total's, the counters, the ticks list.
@@ -739,17 +792,16 @@ local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick), '
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if a_tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, a_tick_log, a_keep, now) end
--- The call's tag, with its tick (see Bucket.Tagged).
-if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
-keep_line(keys, math.max(tick, tonumber(st.defer_at) or 0) + a_keep, paused, a_tag_keep)
-for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, a_keep, now) end
+if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
+if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end -- the call's tag (see Bucket.Tagged)
+keep_line(math.max(tick, tonumber(st.defer_at) or 0) + p.keep, p.tag_keep)
+for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, p.keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
 if tiv > 0 then
   local costly = nil
   if a_cost > 1 then costly = tick + spaced_span(totals) end
-  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = a_ring, last = tlast, n = tn,
-    kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, a_keep, now)
+  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = t.ring, last = tlast, n = tn,
+    kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, p.keep, now)
 end
 return {GRANTED, tick - now, 0, tick, tonumber(ctl.tol) or 0, known}
 `
@@ -869,7 +921,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			lean = false
 		}
 		b.testRun("full")
-		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.argv()...).Slice()
+		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(b.mine(args.Interval, args.Burst)).argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -990,7 +1042,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
 		MaxInFlight: p.MaxInFlight, LeaseTTL: p.LeaseTTL.Microseconds(), Lease: lease,
 		Span: (p.Limits[0].Window + guard).Microseconds(), ReplicaLive: replicaLive.Microseconds(),
-		Keep: b.keep.Microseconds(), Member: b.member, Replica: b.gate.replica + "|" + strconv.FormatUint(b.gen.Load(), 10),
+		Keep: b.keep.Microseconds(), Member: b.member,
 		Rate: cfg, RaiseStep: ra.Step, Quiet: ra.Quiet, Probe: ra.Probe, Recheck: ra.Recheck, Ceiling: ra.Ceiling,
 		TickLog: b.tickLog(), Window: p.Limits[0].Window.Microseconds(), Warmup: p.Warmup.Microseconds(), WarmupFrom: p.WarmupFrom,
 		Cost: max(req.Cost, 1), High: req.Lane == High, Limits: b.limits,
