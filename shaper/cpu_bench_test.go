@@ -29,7 +29,7 @@ import (
 //   - batched: the common bucket's calls asked for 16 at a time (a
 //     worker holding 16 calls of one bucket under a backlog), per call;
 //   - accounts: a per-account vendor with a total, and a quota on each of
-//     100 accounts taken in turn (the full script);
+//     100 accounts taken in turn (the counted script);
 //   - gcra: redis_rate's Allow.
 //
 // The cases run in turn, in blocks of cpuBlock grants, each block timed by
