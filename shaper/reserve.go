@@ -433,6 +433,14 @@ end
 -- whether the loss is certain (a known server switched, or the state is
 -- missing while the group says it should be there). st is the gate hash.
 local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, now)
+  -- A state another version of shaper wrote on this server (the run_id
+  -- is this server's, the layout's tag another): its line may not read
+  -- here, so its ticks reach at most now + horizon, as a stale copy's;
+  -- but the counters are this server's and kept their layout: the loss is
+  -- not certain, and the quotas keep what they counted.
+  if st.line and st.run and st.run ~= run_of(runid) and string.match(st.run, '(%w*)$') == runid then
+    return math.max(last or 0, now + horizon), false
+  end
   -- A state holding a plan and no tick yet (calls planned, none granted)
   -- lost nothing, unless the group lost its epoch with it.
   if last == nil and (st.plan == false or not epoch or switched) then

@@ -2,6 +2,8 @@ package shaper
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -199,5 +201,48 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	}
 	if fresh > DefaultHorizon/2 {
 		t.Errorf("a bucket new to a group B served all along: first grant after %s; want it at once", fresh)
+	}
+}
+
+// TestOtherLayoutKeepsQuotas: a state another version of shaper wrote on
+// the same server (a rolling upgrade between versions whose gate hashes
+// differ: its run carries another layout's tag, its line may not read)
+// costs the bucket a horizon without calls, as a stale copy does, but
+// not its quotas: their counters are this server's, so the calls they
+// still allow go on after the horizon, and no more.
+func TestOtherLayoutKeepsQuotas(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(g, now.UnixMicro())
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: time.Hour}}, Horizon: 100 * time.Millisecond}
+	b, err := g.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grantTicks(t, b, clk, 5)
+	run, err := rdb.HGet(ctx, b.keys.gate, "run").Result()
+	if err != nil || !strings.HasPrefix(run, runTag) {
+		t.Fatalf("run %q, %v; want %s and the server's run_id", run, err, runTag)
+	}
+	// The older layout: a text line, the run tagged l1:.
+	switched := clk.now()
+	if err := rdb.HSet(ctx, b.keys.gate, "line", fmt.Sprintf("%d|1|0|0|0", switched), "run", "l1:"+strings.TrimPrefix(run, runTag)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ticks := grantTicks(t, b, clk, 25)
+	if first := time.Duration(ticks[0]-switched) * time.Microsecond; first < p.Horizon {
+		t.Errorf("the first tick after the switch came %v after it, before the horizon (%v)", first, p.Horizon)
+	}
+	if last := time.Duration(ticks[24]-switched) * time.Microsecond; last > 5*time.Second {
+		t.Errorf("the quota's last 25 calls took %v after the switch: the quota was counted as spent", last)
+	}
+	r := reserveOnce(t, b)
+	if r.ok || r.wait < 30*time.Minute {
+		t.Errorf("after 30 calls of a quota of 30 per hour: %+v; want a deferral until the quota frees", r)
 	}
 }
