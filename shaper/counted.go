@@ -363,7 +363,7 @@ local tot = total_of(a_total)
 local now = now_from(a_now)
 local runid = a_server
 if runid == NO_SERVER then runid = '' end
-local line, run, adapted, wide, wide_at, vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
+local line, run, adapted, wide, wide_at, last_vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
   'line', 'run', 'adapted', 'wide', 'wide_at', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
 if a_server == '' or run ~= run_of(runid) then return {USE_FULL} end
 local last, n, gm, gc, kept = read_line(line)
@@ -412,8 +412,9 @@ end
 local tick, pace, tfields = start, math.floor(interval / burst), {}
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
+local vt = nil
 if tiv > 0 then
-  vt = math.max(now, (tonumber(vt) or 0) + math.max(pace, fair))
+  vt = math.max(now, (tonumber(last_vt) or 0) + math.max(pace, fair))
   tick = math.max(tick, vt)
   if tot.ring > 0 then
     local cleared = ring_cleared(k_slots, tot.ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, p.keep, now)

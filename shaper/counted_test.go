@@ -19,9 +19,9 @@ import (
 // buckets held to the full script, through the same simulated Redis
 // time: steady grants, idle gaps, crowds deferred beyond the horizon,
 // quotas spent, and what the counted script hands over (pauses, a rate
-// set, a high call, a costly call). Both must answer every call alike
-// and record the same tags, and the counted script must have served most
-// calls.
+// set, a high call, a costly call). Both must answer every call alike,
+// record the same tags and leave the same state, and the counted script
+// must have served most calls.
 func TestCountedMatchesFull(t *testing.T) { countedMatchesFull(t, redistest.Client(t), 2000) }
 
 // TestCountedMatchesFullOnEmbeddedRedis is the same on the embedded Redis.
@@ -153,6 +153,33 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 				t.Errorf("%s, tag %d: %+v in the counted script's record, %+v in the full one's", pair[0].name, i, tags[0][i], tags[1][i])
 				break
 			}
+		}
+	}
+	// And leave the same state: each bucket's line, pace, log and
+	// deferral, its counters, and its group's total.
+	for _, pair := range buckets {
+		var gates [2][]any
+		var counts [2]map[string]string
+		var totals [2][]any
+		for i, b := range pair {
+			if gates[i], err = rdb.HMGet(ctx, b.keys.gate, "line", "vt", "log", "defer_at", "run", "wide").Result(); err != nil {
+				t.Fatal(err)
+			}
+			if counts[i], err = rdb.HGetAll(ctx, b.keys.counts).Result(); err != nil {
+				t.Fatal(err)
+			}
+			if totals[i], err = rdb.HMGet(ctx, b.keys.total, "last", "n", "blocked", "cleared", "share").Result(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fmt.Sprint(gates[0]) != fmt.Sprint(gates[1]) {
+			t.Errorf("%s: gate hash %q after the counted script, %q after the full one", pair[0].name, gates[0], gates[1])
+		}
+		if fmt.Sprint(counts[0]) != fmt.Sprint(counts[1]) {
+			t.Errorf("%s: counters %v after the counted script, %v after the full one", pair[0].name, counts[0], counts[1])
+		}
+		if fmt.Sprint(totals[0]) != fmt.Sprint(totals[1]) {
+			t.Errorf("%s: total %v after the counted script, %v after the full one", pair[0].name, totals[0], totals[1])
 		}
 	}
 	if runs["counted"] < steps/2 {
