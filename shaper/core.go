@@ -301,7 +301,7 @@ func (a coreArgs) argv() []any {
 // caller comes back one tick after the last deferred one.
 //
 // Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
-// policy's)} for the first call, as the full script (see reserveScript),
+// policy's)} for the first call, as the full script (see reserveFunction),
 // then {code, wait, reason, tick} for each other call of the batch. It
 // runs as a Redis function where the server has them (see functions.go).
 var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua+cacheLua+corePolicyLua, coreLua)
