@@ -15,7 +15,8 @@ import (
 
 // TestCountedMatchesFull drives buckets the counted script serves —
 // accounts of a group with a total (a ring of slots or a line of ticks),
-// with quotas, and a bucket of its own with a quota — and the same
+// with quotas, a bucket of its own with a quota, one with a spread limit
+// beside its quota, and a group of one with a total — and the same
 // buckets held to the full script, through the same simulated Redis
 // time: steady grants, idle gaps, crowds deferred beyond the horizon,
 // quotas spent, and what the counted script hands over (pauses, a rate
@@ -56,6 +57,8 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	plain := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 150, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
 	ring := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}}}                                                 // burst 1: a ring of slots
 	line := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}, {Rate: 25, Window: 10 * time.Second}}, Burst: 3} // a line, and a quota on the total
+	spread := Policy{Limits: []Limit{{Rate: 10, Window: 100 * time.Millisecond}, {Rate: 50, Window: time.Second, Spread: true},
+		{Rate: 200, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
 	var buckets [][2]*Bucket
 	for gi, g := range []*Gate{lean, full} {
 		k := 0
@@ -85,6 +88,14 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			}
 		}
 		add(g.Bucket("own", plain))
+		// A spread limit (spaced, not counted) beside a quota, and a group
+		// of one with a total (no member: no fair share).
+		add(g.Bucket("spread", spread))
+		solo, err := g.Group("solo", ring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(solo.bucket("", plain))
 	}
 
 	rng := rand.New(rand.NewPCG(29, 1))
@@ -115,7 +126,7 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			}
 		}
 		req := Request{Tag: fmt.Sprintf("w|q|task-%d", step)}
-		switch rng.IntN(80) {
+		switch rng.IntN(120) {
 		case 0:
 			d := time.Duration(rng.IntN(500)) * time.Millisecond
 			both(func(b *Bucket) error { _, err := b.Control().Pause(ctx, d, "test"); return err })
