@@ -300,3 +300,41 @@ func TestEditRaisesAtOnce(t *testing.T) {
 		t.Errorf("widest %+v, %v, %v after a late call under the old policy; want the new one's %v", w, ok, err, fastIv)
 	}
 }
+
+// TestWiderReplicaJoins: a replica of a narrower config grants from the
+// line alone (its tick is the widest, fresh, see wide_entry); a replica
+// of a wider config then asks, and is deferred (the horizon is full): the
+// narrower one's next ticks must still come at the wider spacing, since
+// every writer of the widest tick writes the line's entry with it.
+func TestWiderReplicaJoins(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "new"})
+	old := NewGate(rdb, Config{KeyPrefix: g.prefix, Replica: "old"})
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(g, now.UnixMicro())
+	old.testNow = g.testNow
+	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	slow, _ := old.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	slowIv, _ := slow.Policy().Tick()
+	grantTicks(t, fast, clk, 3)
+	// Fill the horizon without moving the clock: the last call is deferred.
+	for r := reserveOnce(t, fast); r.ok; r = reserveOnce(t, fast) {
+	}
+	// The wider replica knows the server, so that its call runs the core
+	// script (a first call runs the full one).
+	id, _ := g.srv.known("acme", time.Now())
+	old.srv.learn("acme", id, old.srv.dials.Load(), time.Now())
+	var scripts []string
+	old.testScript = func(kind string) { scripts = append(scripts, kind) }
+	if r := reserveOnce(t, slow); r.ok || len(scripts) != 1 || scripts[0] != "core" {
+		t.Fatalf("the wider replica: %+v by the scripts %v; want a deferral by the core script, the horizon full", r, scripts)
+	}
+	clk.advance(time.Second)
+	ticks := grantTicks(t, fast, clk, 3)
+	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != slowIv {
+		t.Errorf("ticks %v apart after a replica configured for %v asked", gap, slowIv)
+	}
+}

@@ -28,18 +28,22 @@ local function fmt(x) return string.format('%d', x) end
 // how the ticks list keeps a tick, for every script that reads or writes
 // them.
 var lineFieldLua = `
--- The gate hash's 'line' holds five numbers: the last reserved tick
+-- The gate hash's 'line' holds eight numbers: the last reserved tick
 -- (µs), the calls granted on it, the grants of clock minute gm not yet
--- folded into the stats hash (gc, see count_granted), and what the
--- bucket's keys were last extended to (µs, see keep_alive). It is one
--- field read and written whole on every grant, where five cost five times
--- the hash's work, and it is kept packed (struct.pack: five doubles, 40
--- bytes, every value an integer below 2^53), where reading and writing
--- it as text cost a tenth of the common grant. The embedded Redis's Lua
--- has no struct: there the line is text, "last|n|gm|gc|kept". A server
--- holds one form only; a line of the other (a rolling upgrade from a
--- version that kept it as text: never 40 characters, since last and gm
--- are always 16 and 8 digits) reads as none.
+-- folded into the stats hash (gc, see count_granted), what the bucket's
+-- keys were last extended to (µs, see keep_alive), and the widest tick
+-- asked under lately (see widest): its interval (µs) and burst, and
+-- until when (µs) it needs no refresh (wide_at + live / 4). A grant whose
+-- tick is that one reads no 'wide' field until then (see wide_entry);
+-- every writer of 'wide' writes the line's three with it, or zeros (the
+-- next grant reads 'wide'). It is one field read and written whole on
+-- every grant, where eight cost eight times the hash's work, and it is
+-- kept packed (struct.pack: eight doubles, 64 bytes, every value an
+-- integer below 2^53), where reading and writing it as text cost a tenth
+-- of the common grant. The embedded Redis's Lua has no struct: there the
+-- line is text, "last|n|gm|gc|kept|wiv|wb|wfresh". A server holds one
+-- form only; a line of the other, or of a version that kept fewer
+-- numbers, reads as none.
 
 -- packer is struct where the server's Lua has it, false where it does
 -- not; nil until the first line is read or written (a function's library
@@ -48,25 +52,29 @@ var lineFieldLua = `
 local packer = nil
 local function pick_form() packer = rawget(_G, 'struct') or false end
 
--- read_line(line): the line's numbers; nil, 0, nil, 0, 0 for none.
+-- read_line(line): the line's numbers, last, n, gm, gc, kept, wiv, wb,
+-- wfresh; nil, 0, nil, 0, 0, 0, 0, 0 for none.
 local function read_line(line)
   if packer == nil then pick_form() end
   if packer then
-    if not line or #line ~= 40 then return nil, 0, nil, 0, 0 end
-    local last, n, gm, gc, kept = packer.unpack('<ddddd', line)
-    return last, n, gm, gc, kept
+    if not line or #line ~= 64 then return nil, 0, nil, 0, 0, 0, 0, 0 end
+    local last, n, gm, gc, kept, wiv, wb, wfresh = packer.unpack('<dddddddd', line)
+    return last, n, gm, gc, kept, wiv, wb, wfresh
   end
-  if not line then return nil, 0, nil, 0, 0 end
-  local last, n, gm, gc, kept = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-  if not last then return nil, 0, nil, 0, 0 end
-  return last + 0, n + 0, gm + 0, gc + 0, kept + 0
+  if not line then return nil, 0, nil, 0, 0, 0, 0, 0 end
+  local last, n, gm, gc, kept, wiv, wb, wfresh = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  if not last then return nil, 0, nil, 0, 0, 0, 0, 0 end
+  return last + 0, n + 0, gm + 0, gc + 0, kept + 0, wiv + 0, wb + 0, wfresh + 0
 end
 
--- line_of(last, n, gm, gc, kept): the line of those (see read_line).
-local function line_of(last, n, gm, gc, kept)
+-- line_of(last, n, gm, gc, kept[, wiv, wb, wfresh]): the line of those
+-- (see read_line); without the widest tick's three, zeros (see
+-- wide_entry).
+local function line_of(last, n, gm, gc, kept, wiv, wb, wfresh)
   if packer == nil then pick_form() end
-  if packer then return packer.pack('<ddddd', last, n, gm, gc, kept) end
-  return string.format('%d|%d|%d|%d|%d', last, n, gm, gc, kept)
+  wiv, wb, wfresh = wiv or 0, wb or 0, wfresh or 0
+  if packer then return packer.pack('<dddddddd', last, n, gm, gc, kept, wiv, wb, wfresh) end
+  return string.format('%d|%d|%d|%d|%d|%d|%d|%d', last, n, gm, gc, kept, wiv, wb, wfresh)
 end
 
 -- tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
@@ -97,7 +105,7 @@ local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
 // runTag tags the run a gate hash records (see run_of).
-const runTag = "l2:"
+const runTag = "l3:"
 
 // runOf is run_of for the core script's Server argument: the run a state
 // written on server records, or "" when the server is unknown.
@@ -154,6 +162,23 @@ local function widest(wide, wide_at, mine, iv, b, live, now)
   end
   if iv >= wiv and b <= wb then return iv, b, mine, now end
   return math.max(iv, wiv), math.min(b, wb), nil, nil
+end
+
+-- wide_entry(wide, wide_at, wide_at_new, iv, b, live): the widest tick
+-- as the line keeps it (see read_line) after widest: the caller's (iv,
+-- b) when widest wrote it (wide_at_new), else the 'wide' field's; fresh
+-- until live / 4 after it was last asked under (zeros: none). While the
+-- line's is the caller's tick and fresh, widest would space by that tick
+-- and write nothing the line does not say: the grant need not read
+-- 'wide'. (When the entry is another replica's with the same tick,
+-- widest would have the caller take its place; the caller does once it
+-- is no longer fresh.)
+local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
+  if wide_at_new then return iv, b, wide_at_new + math.floor(live / 4) end
+  local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
+  wide_at = tonumber(wide_at)
+  if not wiv or not wide_at then return 0, 0, 0 end
+  return wiv + 0, wb + 0, wide_at + math.floor(live / 4)
 end
 
 -- keep_alive(k, untilv, kept, paused, keep, tag_keep, now): the bucket's
@@ -334,15 +359,22 @@ local a_policy = ARGV[5]
 local p = core_policy(a_policy)
 
 local now = now_from(a_now)
-local line, run, wide, wide_at, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'wide', 'wide_at', 'adapted'))
+local line, run, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'adapted'))
 if a_server == '' or not line or run ~= a_server then return {USE_FULL} end
-local last, n, gm, gc, kept = read_line(line)
+local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 
--- The tick: the widest live one, widened by what adaptation set (a rate
--- set or announced, a guard learned from refusals), read only when the
--- gate hash says it is there (see adaptedLua): a pause, a rate, a guard,
--- a high call waiting, costly calls.
-local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
+-- The tick: the widest live one (the 'wide' field read only when the
+-- line does not say it is the caller's, see wide_entry), widened by what
+-- adaptation set (a rate set or announced, a guard learned from
+-- refusals), read only when the gate hash says it is there (see
+-- adaptedLua): a pause, a rate, a guard, a high call waiting, costly
+-- calls.
+local interval, burst, wide_new, wide_at_new = p.interval, p.burst, nil, nil
+if wiv ~= interval or wb ~= burst or now >= wfresh then
+  local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
+  interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
+  wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, p.interval, p.burst, p.live)
+end
 local paused, tol, hi_until = 0, 0, 0
 if adapted then
   local costly_until, rate, source, guard
@@ -403,7 +435,7 @@ end
 local m = math.floor(now / 60000000)
 if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
   log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now)
   if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
 end
@@ -411,11 +443,14 @@ local untilv = math.max(last, at) + p.keep
 if untilv > kept then
   local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = p.member}
   kept = keep_alive(keys, untilv, kept, paused, p.keep, p.tag_keep, now)
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
 -- (widest gives a new wide_at with every new wide, and keeps wide only
--- when it is mine.)
-if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new)) end
+-- when it is mine; the line says it with it.)
+if wide_at_new then
+  redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
+    line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
+end
 if deferred > 0 then
   redis.call('HSET', k_gate, 'defer_at', fmt(at))
   redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))

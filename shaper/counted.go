@@ -363,10 +363,10 @@ local tot = total_of(a_total)
 local now = now_from(a_now)
 local runid = a_server
 if runid == NO_SERVER then runid = '' end
-local line, run, adapted, wide, wide_at, last_vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
-  'line', 'run', 'adapted', 'wide', 'wide_at', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
+local line, run, adapted, last_vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
+  'line', 'run', 'adapted', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
 if a_server == '' or run ~= run_of(runid) then return {USE_FULL} end
-local last, n, gm, gc, kept = read_line(line)
+local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 if last == nil then return {USE_FULL} end
 if adapted then
   local hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
@@ -384,9 +384,20 @@ if tot then
   if not ts.last or ts.run ~= runid or (tonumber(ts.costly_until) or 0) > now then return {USE_FULL} end
 end
 
--- The tick: the widest live one, at the fair share of the total.
-local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
-if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new)) end
+-- The tick: the widest live one (the 'wide' field read only when the
+-- line does not say it is the caller's, see wide_entry), at the fair
+-- share of the total.
+local interval, burst = p.interval, p.burst
+if wiv ~= interval or wb ~= burst or now >= wfresh then
+  local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
+  local wide_new, wide_at_new
+  interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
+  wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, p.interval, p.burst, p.live)
+  if wide_at_new then
+    redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
+      line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
+  end
+end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
   fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = p.own_rate,
@@ -433,7 +444,7 @@ local function keep(untilv, tag_keep)
   if untilv <= kept then return end
   local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
   kept = keep_alive(keys, untilv, kept, 0, p.keep, tag_keep, now)
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept))
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
 
 -- Beyond the horizon: come back one tick after the last deferred caller.
@@ -460,7 +471,7 @@ end
 last = tick
 local m = math.floor(now / 60000000)
 gc, gm = count_granted(k_stats, 1, m, gm, gc), m
-local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick)}
+local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', fmt(vt or tick)}
 if newlog then put(fields, 'log', newlog) end
 redis.call('HSET', k_gate, unpack(fields))
 if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end

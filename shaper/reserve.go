@@ -466,6 +466,16 @@ local function log_at(l, k, span)
   return table.concat(parts, ',')
 end
 
+-- note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh): 'wide' and
+-- 'wide_at' as widest left them, and the line (when it reads) with the
+-- widest tick's entry (see wide_entry).
+local function note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh)
+  local fields = {'wide', wide, 'wide_at', fmt(wide_at)}
+  local l, n, gm, gc, kept = read_line(line)
+  if l then put(fields, 'line', line_of(l, n, gm, gc, kept, wiv, wb, wfresh)) end
+  redis.call('HSET', k_gate, unpack(fields))
+end
+
 -- warm_since: the moment a warm-up ramp started (nil: none): when the
 -- bucket starts after being idle longer than its window (its state gone,
 -- or a pause that long ending).
@@ -650,7 +660,8 @@ st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.h
   'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'wide', 'wide_at', 'adapted',
   'asked_at', 'asked_rate'))
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_mine, p.interval, p.burst, p.live, now)
-if wide_at_new then redis.call('HSET', k_gate, 'wide', wide_new or st.wide, 'wide_at', fmt(wide_at_new)) end
+local wiv, wb, wfresh = wide_entry(st.wide, st.wide_at, wide_at_new, p.interval, p.burst, p.live)
+if wide_at_new then note_wide(k_gate, st.line, wide_new or st.wide, wide_at_new, wiv, wb, wfresh) end
 -- The control hash is read under the gate hash's mark (see adaptedLua),
 -- and for a state made anew, which gets the mark again if it applies.
 local ctl = {}
@@ -681,8 +692,7 @@ end
 local known, runid, epoch, switched = server(k_epoch, a_server, p.keep, now)
 local last, n, gm, gc, kept = read_line(st.line)
 local m = math.floor(now / 60000000)
-local logs = st.log
-local reason = BEYOND_HORIZON
+local logs, reason = st.log, BEYOND_HORIZON
 local own = counters_in_use(p.limits, a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
 local total_costly = tonumber(ts.costly_until) or 0
@@ -701,7 +711,7 @@ end
 local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, now)
 if lost then
   last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, p.log_len, p.span)
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept), 'run', run_of(runid), 'log', logs)
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept, wiv, wb, wfresh), 'run', run_of(runid), 'log', logs)
   redis.call('HINCRBY', k_stats, 'resets', 1)
   for _, c in ipairs(own) do
     if c.kind ~= 'q' or certain then counter_fill(k_counts, c, lost, now) end
@@ -714,7 +724,7 @@ local function keep_line(untilv, tag_keep)
   local ext = keep_alive(keys, untilv, kept, paused, p.keep, tag_keep, now)
   if ext and last then
     kept = ext
-    redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept))
+    redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept, wiv, wb, wfresh))
   end
 end
 
@@ -796,7 +806,7 @@ else
   if k > 0 and head ~= '' then log = fmt(tick) .. ',' .. head elseif k > 0 then log = fmt(tick) end
 end
 last, gc, gm = tick, count_granted(k_stats, 1, m, gm, gc), m
-local fields = {'line', line_of(last, n, gm, gc, kept), 'vt', fmt(vt or tick), 'run', run_of(runid)}
+local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', fmt(vt or tick), 'run', run_of(runid)}
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end

@@ -31,7 +31,12 @@ local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_replica, a_tick = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = now_us()
 local iv, b, who = string.match(redis.call('HGET', k_gate, 'wide') or '', '^(%d+)|(%d+)|(.*)|%d+$')
-if who == a_replica and iv .. '|' .. b ~= a_tick then redis.call('HDEL', k_gate, 'wide', 'wide_at') end
+if who == a_replica and iv .. '|' .. b ~= a_tick then
+  redis.call('HDEL', k_gate, 'wide', 'wide_at')
+  -- The line's entry of the widest tick goes with it (see wide_entry).
+  local last, n, gm, gc, kept = read_line(redis.call('HGET', k_gate, 'line'))
+  if last then redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept)) end
+end
 return respace(k_gate, now, a_slack, a_channel, a_bucket)
 `)
 
