@@ -350,7 +350,7 @@ local k_ticks = KEYS[4]
 local k_expiry = KEYS[5]
 local k_tags = KEYS[6]
 -- x + 0 makes a number of a string with one strtod, where tonumber(x)
--- makes two: this script reads a dozen numbers on every grant.
+-- makes two (the policy's numbers are made once, see cacheLua).
 local a_now = ARGV[1] + 0
 local a_server = ARGV[2]
 local a_tags = ARGV[3]
