@@ -223,21 +223,36 @@ func TestLastMinuteEstimate(t *testing.T) {
 	}
 }
 
-// TestReplicasDisagree has two replicas with different configs (a rolling
-// edit): the gate must space ticks by the more conservative one while both
-// are live, say which it is, and forget it once its replica stops asking.
-func TestReplicasDisagree(t *testing.T) {
+// disagreeingReplicas returns the bucket "acme" as two replicas see it
+// during a rolling edit, "new" at 100/s and "old" at 25/s, on gates
+// reading Redis time from clk.
+func disagreeingReplicas(t *testing.T) (fast, slow *Bucket, clk *redisClock) {
+	t.Helper()
 	rdb := redistest.Client(t)
-	old := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "old"})
-	g := NewGate(rdb, Config{KeyPrefix: old.prefix, Replica: "new"})
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "new"})
+	old := NewGate(rdb, Config{KeyPrefix: g.prefix, Replica: "old"})
 	now, err := rdb.Time(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := fakeRedisTime(g, now.UnixMicro())
+	clk = fakeRedisTime(g, now.UnixMicro())
 	old.testNow = g.testNow
-	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
-	slow, _ := old.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	fast, err = g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err = old.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fast, slow, clk
+}
+
+// TestReplicasDisagree has two replicas with different configs (a rolling
+// edit): the gate must space ticks by the more conservative one while both
+// are live, say which it is, and forget it once its replica stops asking.
+func TestReplicasDisagree(t *testing.T) {
+	fast, slow, clk := disagreeingReplicas(t)
 	ctx := context.Background()
 	slowIv, _ := slow.Policy().Tick()
 	fastIv, _ := fast.Policy().Tick()
@@ -307,17 +322,8 @@ func TestEditRaisesAtOnce(t *testing.T) {
 // narrower one's next ticks must still come at the wider spacing, since
 // every writer of the widest tick writes the line's entry with it.
 func TestWiderReplicaJoins(t *testing.T) {
-	rdb := redistest.Client(t)
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "new"})
-	old := NewGate(rdb, Config{KeyPrefix: g.prefix, Replica: "old"})
-	now, err := rdb.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := fakeRedisTime(g, now.UnixMicro())
-	old.testNow = g.testNow
-	fast, _ := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 50 * time.Millisecond})
-	slow, _ := old.Bucket("acme", Policy{Limits: []Limit{{Rate: 25, Window: time.Second}}, Horizon: 50 * time.Millisecond})
+	fast, slow, clk := disagreeingReplicas(t)
+	g, old := fast.gate, slow.gate
 	slowIv, _ := slow.Policy().Tick()
 	grantTicks(t, fast, clk, 3)
 	// Fill the horizon without moving the clock: the last call is deferred.

@@ -181,6 +181,19 @@ local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   return wiv + 0, wb + 0, wide_at + math.floor(live / 4)
 end
 
+-- line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh): widest
+-- for a caller of tick (iv, b) whose line holds the entry (wiv, wb,
+-- wfresh): without reading 'wide' while the entry is the caller's and
+-- fresh (see wide_entry). Returns widest's four values, then the entry
+-- for the line.
+local function line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh)
+  if wiv == iv and wb == b and now < wfresh then return iv, b, nil, nil, wiv, wb, wfresh end
+  local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
+  local interval, burst, wide_new, wide_at_new = widest(wide, wide_at, mine, iv, b, live, now)
+  wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, iv, b, live)
+  return interval, burst, wide_new, wide_at_new, wiv, wb, wfresh
+end
+
 -- keep_alive(k, untilv, kept, paused, keep, tag_keep, now): the bucket's
 -- keys (k: gate, control, ticks, expiry, tags, member) outlive untilv, and
 -- the tag record loses the entries tag_keep past their tick. The keys
@@ -369,12 +382,9 @@ local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 -- refusals), read only when the gate hash says it is there (see
 -- adaptedLua): a pause, a rate, a guard, a high call waiting, costly
 -- calls.
-local interval, burst, wide_new, wide_at_new = p.interval, p.burst, nil, nil
-if wiv ~= interval or wb ~= burst or now >= wfresh then
-  local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
-  interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
-  wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, p.interval, p.burst, p.live)
-end
+local interval, burst, wide_new, wide_at_new
+interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
+  wiv, wb, wfresh)
 local paused, tol, hi_until = 0, 0, 0
 if adapted then
   local costly_until, rate, source, guard

@@ -29,11 +29,15 @@ func TestCoreMatchesFull(t *testing.T) { coreMatchesFull(t, redistest.Client(t),
 
 // TestCoreMatchesFullOnEmbeddedRedis is the same on the embedded Redis
 // (miniredis, whose Lua is gopher-lua), the default of a new user.
-func TestCoreMatchesFullOnEmbeddedRedis(t *testing.T) {
+func TestCoreMatchesFullOnEmbeddedRedis(t *testing.T) { coreMatchesFull(t, embeddedClient(t), 500) }
+
+// embeddedClient is a client of an embedded Redis (miniredis) of the
+// test's own.
+func embeddedClient(t *testing.T) *redis.Client {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	coreMatchesFull(t, rdb, 500)
+	return rdb
 }
 
 func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
@@ -129,25 +133,33 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 		}
 	}
 	// Both record each granted call's tag with its tick.
-	hc, err := bc.Tagged(ctx, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hf, err := bf.Tagged(ctx, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(hc) == 0 || len(hc) != len(hf) {
-		t.Errorf("tag records: %d from the core script, %d from the full one", len(hc), len(hf))
-	}
-	for i := range min(len(hc), len(hf)) {
-		if hc[i].Tag != hf[i].Tag || !hc[i].Tick.Equal(hf[i].Tick) {
-			t.Errorf("tag %d: %+v in the core script's record, %+v in the full one's", i, hc[i], hf[i])
-			break
-		}
-	}
+	sameTags(t, "core", bc, bf)
 	if coreRuns < steps/2 {
 		t.Errorf("the core script served %d of %d requests of a common bucket (the full one %d)", coreRuns, steps, fullRuns)
 	}
 	t.Logf("core script %d runs, full script %d", coreRuns, fullRuns)
+}
+
+// sameTags fails the test unless lean (a bucket served by the script
+// named) and full (the same bucket held to the full script) recorded the
+// same tags with the same ticks, and some.
+func sameTags(t *testing.T, script string, lean, full *Bucket) {
+	t.Helper()
+	var tags [2][]Tagged
+	for i, b := range []*Bucket{lean, full} {
+		var err error
+		if tags[i], err = b.Tagged(context.Background(), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(tags[0]) == 0 || len(tags[0]) != len(tags[1]) {
+		t.Errorf("%s: %d tags in the %s script's record, %d in the full one's", lean.name, len(tags[0]), script, len(tags[1]))
+		return
+	}
+	for i := range tags[0] {
+		if tags[0][i].Tag != tags[1][i].Tag || !tags[0][i].Tick.Equal(tags[1][i].Tick) {
+			t.Errorf("%s, tag %d: %+v in the %s script's record, %+v in the full one's", lean.name, i, tags[0][i], script, tags[1][i])
+			return
+		}
+	}
 }

@@ -247,8 +247,8 @@ type countedArgs struct {
 	Tag    string `lua:"tag"`    // the call's tag (Request.Tag; "": none)
 	Member string `lua:"member"` // the bucket's name in its group ("" for a group of one)
 	Mine   string `lua:"mine"`   // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
-	Policy string `lua:"policy"` // the bucket's: "interval|burst|horizon|keep|live|tick_log|tag_keep|span|log_len|own_rate|quotas"
-	Total  string `lua:"total"`  // the group's total: "interval|burst|span|rate|ring|quotas" ("": none)
+	Policy string `lua:"policy"` // the bucket's: "interval|burst|horizon|keep|live|tick_log|tag_keep|span|log_len|own_rate|limits" (limits: limitSpec)
+	Total  string `lua:"total"`  // the group's total: "interval|burst|span|rate|ring|limits" ("": none)
 }
 
 // argv returns the arguments in the order of the struct's fields.
@@ -262,51 +262,32 @@ func (a reserveArgs) counted(mine string) countedArgs {
 	num := func(v int64) string { return strconv.FormatInt(v, 10) }
 	rate := redisFloat
 	p := strings.Join([]string{num(a.Interval), strconv.Itoa(a.Burst), num(a.Horizon), num(a.Keep), num(a.ReplicaLive),
-		strconv.Itoa(a.TickLog), num(a.TagKeep), num(a.Span), num(a.LogLen), rate(a.OwnRate), quotaSpec(a.Limits)}, "|")
+		strconv.Itoa(a.TickLog), num(a.TagKeep), num(a.Span), num(a.LogLen), rate(a.OwnRate), a.Limits}, "|")
 	var total string
 	if a.TotalInterval > 0 {
 		total = strings.Join([]string{num(a.TotalInterval), strconv.Itoa(a.TotalBurst), num(a.TotalSpan), rate(a.TotalRate),
-			num(a.Ring), quotaSpec(a.TotalLimits)}, "|")
+			num(a.Ring), a.TotalLimits}, "|")
 	}
 	return countedArgs{Now: a.Now, Server: a.Server, Tag: a.Tag, Member: a.Member, Mine: mine, Policy: p, Total: total}
 }
 
-// quotaSpec is the quotas of a limitSpec, each "id:rate:span:slot" with
-// its place in spec as id (the id its counter's fields carry, see
-// countersLua), comma separated.
-func quotaSpec(spec string) string {
-	var out []string
-	for i, l := range strings.Split(spec, ",") {
-		if rest, ok := strings.CutPrefix(l, "q:"); ok {
-			out = append(out, strconv.Itoa(i+1)+":"+rest)
-		}
-	}
-	return strings.Join(out, ",")
-}
-
 // policyLua defines policy_of and total_of: the counted script's Policy
-// and Total arguments as tables (see cacheLua).
+// and Total arguments as tables (see cacheLua), with the quotas of their
+// limits as counters (countersLua: calls of one unit are kept by the
+// spacing alone on the spaced limits).
 var policyLua = `
--- quotas_of(s): the quotas of "id:rate:span:slot,..." as counters (see
--- countersLua).
-local function quotas_of(s)
-  local out = {}
-  for id, rate, span, slot in string.gmatch(s, '(%d+):(%d+):(%d+):(%d+)') do
-    out[#out + 1] = {id = id, kind = 'q', rate = rate + 0, span = span + 0, slot = slot + 0}
-  end
-  return out
-end
-
 local function parse_policy(s)
-  local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, quotas = string.match(s,
+  local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, limits = string.match(s,
     '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
   return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, live = live + 0, tick_log = tick_log + 0,
-    tag_keep = tag_keep + 0, span = span + 0, log_len = log_len + 0, own_rate = own, quotas = quotas_of(quotas)}
+    tag_keep = tag_keep + 0, span = span + 0, log_len = log_len + 0, own_rate = own,
+    quotas = counters_in_use(parse_limits(limits), false)}
 end
 
 local function parse_total(s)
-  local iv, b, span, rate, ring, quotas = string.match(s, '^(%d+)|(%d+)|(%d+)|([^|]*)|(%d+)|(.*)$')
-  return {interval = iv + 0, burst = b + 0, span = span + 0, rate = rate + 0, ring = ring + 0, quotas = quotas_of(quotas)}
+  local iv, b, span, rate, ring, limits = string.match(s, '^(%d+)|(%d+)|(%d+)|([^|]*)|(%d+)|(.*)$')
+  return {interval = iv + 0, burst = b + 0, span = span + 0, rate = rate + 0, ring = ring + 0,
+    quotas = counters_in_use(parse_limits(limits), false)}
 end
 
 -- policy_of(s), total_of(s): the parsed Policy and Total arguments. The
@@ -387,16 +368,12 @@ end
 -- The tick: the widest live one (the 'wide' field read only when the
 -- line does not say it is the caller's, see wide_entry), at the fair
 -- share of the total.
-local interval, burst = p.interval, p.burst
-if wiv ~= interval or wb ~= burst or now >= wfresh then
-  local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
-  local wide_new, wide_at_new
-  interval, burst, wide_new, wide_at_new = widest(wide, wide_at, a_mine, p.interval, p.burst, p.live, now)
-  wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, p.interval, p.burst, p.live)
-  if wide_at_new then
-    redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
-      line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
-  end
+local interval, burst, wide_new, wide_at_new
+interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
+  wiv, wb, wfresh)
+if wide_at_new then
+  redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
+    line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
 local fair = 0
 if tiv > 0 and a_member ~= '' then

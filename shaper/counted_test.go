@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
@@ -27,10 +26,7 @@ func TestCountedMatchesFull(t *testing.T) { countedMatchesFull(t, redistest.Clie
 
 // TestCountedMatchesFullOnEmbeddedRedis is the same on the embedded Redis.
 func TestCountedMatchesFullOnEmbeddedRedis(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	countedMatchesFull(t, rdb, 400)
+	countedMatchesFull(t, embeddedClient(t), 400)
 }
 
 func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
@@ -53,12 +49,12 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 
 	// Each shape on both gates: [0] served by the counted script, [1]
 	// held to the full one.
-	account := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}, {Rate: 40, Window: 10 * time.Second}}, Horizon: 300 * time.Millisecond}
-	plain := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 150, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
+	account := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}, {Rate: 12, Window: 10 * time.Second}}, Horizon: 300 * time.Millisecond}
+	plain := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
 	ring := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}}}                                                 // burst 1: a ring of slots
 	line := &Policy{Limits: []Limit{{Rate: 12, Window: time.Second}, {Rate: 25, Window: 10 * time.Second}}, Burst: 3} // a line, and a quota on the total
 	spread := Policy{Limits: []Limit{{Rate: 10, Window: 100 * time.Millisecond}, {Rate: 50, Window: time.Second, Spread: true},
-		{Rate: 200, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
+		{Rate: 30, Window: 10 * time.Second}}, Horizon: 200 * time.Millisecond}
 	var buckets [][2]*Bucket
 	for gi, g := range []*Gate{lean, full} {
 		k := 0
@@ -149,22 +145,7 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 		}
 	}
 	for _, pair := range buckets {
-		var tags [2][]Tagged
-		for i, b := range pair {
-			if tags[i], err = b.Tagged(ctx, time.Time{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if len(tags[0]) != len(tags[1]) {
-			t.Errorf("%s: %d tags in the counted script's record, %d in the full one's", pair[0].name, len(tags[0]), len(tags[1]))
-			continue
-		}
-		for i := range tags[0] {
-			if tags[0][i].Tag != tags[1][i].Tag || !tags[0][i].Tick.Equal(tags[1][i].Tick) {
-				t.Errorf("%s, tag %d: %+v in the counted script's record, %+v in the full one's", pair[0].name, i, tags[0][i], tags[1][i])
-				break
-			}
-		}
+		sameTags(t, "counted", pair[0], pair[1])
 	}
 	// And leave the same state: each bucket's line, pace, log and
 	// deferral, its counters, and its group's total.

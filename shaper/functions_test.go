@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
@@ -78,10 +77,7 @@ func TestGrantsRunAsFunctions(t *testing.T) {
 // Functions (nor has Redis before 7): the core and the full reserve
 // script run as scripts.
 func TestCoreRunsAsAScriptWithoutFunctions(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	g := NewGate(rdb, Config{KeyPrefix: "fn"})
+	g := NewGate(embeddedClient(t), Config{KeyPrefix: "fn"})
 	grantsOn(t, g, 20)
 	if !g.noFunctions.Load() {
 		t.Error("the gate still calls functions on a Redis without them")

@@ -42,14 +42,8 @@ func (c *Control) Widest(ctx context.Context) (t ReplicaTick, ok bool, err error
 	if _, serr := fmt.Sscanf(wide, "%d|%d|%s", &iv, &burst, &replica); serr != nil || err != nil || nowUS-seen >= replicaLive.Microseconds() {
 		return ReplicaTick{}, false, nil
 	}
-	replica, _, _ = cutLast(replica, "|") // its policy's generation (see Bucket.mine)
-	return ReplicaTick{Replica: replica, Interval: time.Duration(iv) * time.Microsecond, Burst: burst}, true, nil
-}
-
-// cutLast is strings.Cut at the last sep.
-func cutLast(s, sep string) (before, after string, found bool) {
-	if i := strings.LastIndex(s, sep); i >= 0 {
-		return s[:i], s[i+len(sep):], true
+	if i := strings.LastIndex(replica, "|"); i >= 0 {
+		replica = replica[:i] // its policy's generation follows (see Bucket.mine)
 	}
-	return s, "", false
+	return ReplicaTick{Replica: replica, Interval: time.Duration(iv) * time.Microsecond, Burst: burst}, true, nil
 }

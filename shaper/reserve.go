@@ -920,9 +920,10 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		}
 		args := b.reserveArgs(req, lease)
 		args.Server = server
+		mine := b.mine(args.Interval, args.Burst)
 		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
 			b.testRun("counted")
-			ca := args.counted(b.mine(args.Interval, args.Burst))
+			ca := args.counted(mine)
 			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
 			if err != nil {
 				return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
@@ -939,7 +940,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			lean = false
 		}
 		b.testRun("full")
-		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(b.mine(args.Interval, args.Burst)).argv()...).Slice()
+		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(mine).argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
