@@ -73,7 +73,7 @@ test-race:
 # bench-learn collects them. About 7 minutes (409 s on a clean clone
 # here, 2026-12-03).
 LONG_PKGS := $(filter-out ./cmd/shaper/,$(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .))))
-UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor)'
+UNRACED := 'TestLong(StrictSpacing|NetworkJitter|QuietHost|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor)'
 test-long:
 	@$(MAKE) --no-print-directory test-long-cli > test-long-cli.txt 2>&1 & cli=$$!; \
 	echo "make test-long-cli (beside the next, its output below it)"; \
@@ -110,7 +110,7 @@ bench:
 # limit_req without burst (learned, strict_spacing, a fixed guard), 0-40 ms
 # of network jitter, a quiet fixed-window vendor. Without -race, one
 # scenario at a time. A missing nginx fails the run. About 3 minutes.
-LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|NetworkJitter)'
+LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|NetworkJitter|QuietHost)'
 bench-learn:
 	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
 	$(GO) run ./bench -learn learn.txt -out docs -learn-command "make bench-learn"

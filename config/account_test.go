@@ -114,7 +114,7 @@ func TestWithoutPerAccount(t *testing.T) {
 	want := queue.Vendor{
 		Endpoint: vendorclients.Endpoint{Name: "acme", BaseURL: "https://api.acme.example",
 			Timeout: vendorclients.DefaultTimeout, MaxRetryAfter: vendorclients.DefaultMaxRetryAfter},
-		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Burst: 1, Guard: shaper.DefaultGuard, MaxInFlight: 4},
+		Policy:     shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, Burst: 1, MeasureGuard: true, MaxInFlight: 4},
 		QueueLimit: DefaultQueueLimit,
 	}
 	if got := acme.Queue(); !reflect.DeepEqual(got, want) {

@@ -111,8 +111,9 @@ type Vendor struct {
 	Window  time.Duration
 	Burst   int
 	Guard   time.Duration
-	// GuardMeasured: guard = "measured"; Guard holds shaper.DefaultGuard,
-	// the guard until the worker has measured one.
+	// GuardMeasured: guard = "measured", or no guard set (the default);
+	// Guard holds shaper.DefaultGuard, the guard until the worker has
+	// measured one.
 	GuardMeasured bool
 	QueueLimit    int // 0: unbounded
 	MaxInFlight   int // 0: no cap

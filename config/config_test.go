@@ -236,12 +236,16 @@ strict_spacing = true
 	if v.UserAgent != "orders-sync/1.0" || v.MaxRetryAfter != 10*time.Minute || v.Adapt.Decrease != 0.5 || v.Adapt.Quiet != 30*time.Second || v.Adapt.Increase != 0 {
 		t.Errorf("vendor = %+v", v)
 	}
-	if p := v.Policy(); p.MeasureGuard || p.Guard != shaper.DefaultGuard {
-		t.Errorf("no guard key: policy guard %s, measured %v; want the default, fixed", p.Guard, p.MeasureGuard)
+	if p := v.Policy(); !p.MeasureGuard || p.Guard != 0 || p.NoGuard {
+		t.Errorf("no guard key: policy guard %s, measured %v, none %v; want the default, measured", p.Guard, p.MeasureGuard, p.NoGuard)
 	}
 	m, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nguard = \"measured\"\n"))
 	if err != nil || !m.Vendors[0].Policy().MeasureGuard {
 		t.Errorf("guard = \"measured\": %v", err)
+	}
+	f, err := Parse("c.toml", []byte("[vendors.acme]\nbase_url = \"https://x\"\nrate = 1\nguard = \"20ms\"\n"))
+	if p := f.Vendors[0].Policy(); err != nil || p.MeasureGuard || p.Guard != 20*time.Millisecond {
+		t.Errorf("guard = \"20ms\": policy guard %s, measured %v (%v); want 20ms, fixed", p.Guard, p.MeasureGuard, err)
 	}
 	if !v.StrictSpacing || !v.Policy().StrictSpacing {
 		t.Errorf("strict_spacing = true: vendor %v, policy %v", v.StrictSpacing, v.Policy().StrictSpacing)

@@ -216,7 +216,9 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		p.errorf(t, "window", "%s: a window must be positive, e.g. window = \"1s\"", vd.Window)
 	}
 	vd.Burst, _ = p.integer(t, "burst", 1, shaper.DefaultBurst)
-	if g, ok := p.v.Get(t + ".guard").(string); ok && g == "measured" {
+	// The guard follows what the worker measures unless a duration is
+	// set (guard = "measured" says the default out loud).
+	if g, ok := p.v.Get(t + ".guard").(string); !p.v.IsSet(t+".guard") || ok && g == "measured" {
 		vd.Guard, vd.GuardMeasured = shaper.DefaultGuard, true
 	} else {
 		vd.Guard = p.duration(t, "guard", shaper.DefaultGuard)

@@ -8,22 +8,43 @@ import (
 // meter measures, for one bucket handle in this process, what the margin
 // before each tick must cover: how late calls start after their tick, and
 // the spread of round trips to the vendor (how far the network moves a
-// call within its window). It keeps the maxima of two periods (the
-// current and the last), so a spike counts for at least one period and
-// is forgotten after two: a few numbers whatever the traffic.
+// call within its window). It keeps two periods (the current and the
+// last), so a spike counts for at least one period and is forgotten after
+// two: a few numbers and a short record of lateness whatever the traffic.
 type meter struct {
 	mu         sync.Mutex
 	start      time.Time // of the current period
 	cur, prev  measured
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
+	chosen     time.Time     // when the tolerance was last chosen (see margin)
+	pickIn     pickInput     // for what
+	pick       time.Duration // the tolerance chosen
+	pickGuard  time.Duration // and the guard that goes with it
 }
 
-// measured holds one period's maxima.
+// pickInput is what a choice of the tolerance was made for: a new
+// latest start or spread (a spike), or another tick, is chosen for at
+// once.
+type pickInput struct {
+	calls, burst         int
+	window, spread, late time.Duration
+}
+
+// lateStep is the resolution of a period's record of how late calls
+// start; lateSteps of them reach the largest tolerance (3/4 of the
+// default guard), and a later start counts in the last.
+const (
+	lateStep  = 250 * time.Microsecond
+	lateSteps = int(DefaultGuard*3/4/lateStep) + 1
+)
+
+// measured holds one period's measurements.
 type measured struct {
-	starts           int           // calls whose start lateness was seen
-	late             time.Duration // the latest start
-	trips            int           // round trips seen
+	starts           int              // calls whose start lateness was seen
+	late             time.Duration    // the latest start
+	lates            [lateSteps]int32 // starts by lateness: lates[i] those later than (i-1) steps, at most i (see lateStep)
+	trips            int              // round trips seen
 	tripMin, tripMax time.Duration
 }
 
@@ -43,9 +64,11 @@ func (m *meter) observe(a Adapt, now time.Time, f func(*measured)) {
 
 // late records that a call started d after its tick.
 func (m *meter) late(a Adapt, now time.Time, d time.Duration) {
+	i := min(int((d+lateStep-1)/lateStep), lateSteps-1)
 	m.observe(a, now, func(s *measured) {
 		s.starts++
 		s.late = max(s.late, d)
+		s.lates[i]++
 	})
 }
 
@@ -66,6 +89,9 @@ func (m *meter) both() measured {
 	p := m.prev
 	out.starts += p.starts
 	out.late = max(out.late, p.late)
+	for i, n := range p.lates {
+		out.lates[i] += n
+	}
 	if p.trips > 0 {
 		if out.trips == 0 || p.tripMin < out.tripMin {
 			out.tripMin = p.tripMin
@@ -85,29 +111,73 @@ func (m *meter) spread() time.Duration {
 	return s.tripMax - s.tripMin
 }
 
-// margin is the guard and tolerance the measurements ask for: a tolerance
-// of LateFactor times the latest start (within MinTolerance and the
-// default guard's tolerance), and a guard that covers it, the round trips' spread
-// and MarginOver (at most MaxMargin of the window), rounded
-// up to a millisecond. ok is false until MeasureSamples starts and round
-// trips were seen. A narrower guard applies at most once a period (it
-// changes the bucket's configured tick, which other replicas compare); a
+// margin is the guard and tolerance the measurements ask for, for calls
+// per window ticked burst at a time (see Adapt): the tolerance that costs
+// the fewest calls (chooseTolerance), and the guard that goes with it.
+// ok is false until MeasureSamples starts and round trips were seen. The
+// choice is made again once a tenth of a period has passed, or at once
+// when the latest start or the spread changes (it reads the whole record:
+// not on every call); a narrower guard applies at most once a period (it
+// changes the bucket's configured tick, which other replicas compare), a
 // wider one at once.
-func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
+func (m *meter) margin(a Adapt, calls, burst int, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.both()
 	if s.starts < a.MeasureSamples || s.trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
-	tol = min(max(time.Duration(a.LateFactor*float64(s.late)), a.MinTolerance), DefaultGuard*3/4)
-	g := min(tol+(s.tripMax-s.tripMin)+a.MarginOver, time.Duration(a.MaxMargin*float64(window)))
-	g = (g + time.Millisecond - 1).Truncate(time.Millisecond)
+	in := pickInput{calls: calls, burst: burst, window: window, spread: s.tripMax - s.tripMin, late: s.late}
+	if in != m.pickIn || now.Sub(m.chosen) >= a.MeasurePeriod/10 {
+		m.pick, m.pickGuard = chooseTolerance(a, s, calls, burst, window)
+		m.pickIn, m.chosen = in, now
+	}
+	g := m.pickGuard
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
 		m.guard, m.changed = g, now
 	}
-	m.tol = min(tol, m.guard*3/4)
+	m.tol = min(m.pick, m.guard*3/4)
 	return m.guard, m.tol, true
+}
+
+// chooseTolerance is the tolerance, and the guard that goes with it, that
+// cost the fewest calls by what s measured: a call that starts later than
+// the tolerance gives its tick up (one call less), and the guard, which
+// must cover the tolerance, the round trips' spread and the drift of
+// calls across a fixed window's edges (guardFor), costs guard / (window +
+// guard) of every call. The candidates are MinTolerance and the top of
+// every step of the record with a start in it, up to 3/4 of the default
+// guard.
+func chooseTolerance(a Adapt, s measured, calls, burst int, window time.Duration) (tol, guard time.Duration) {
+	spread := s.tripMax - s.tripMin
+	first := int((a.MinTolerance + lateStep - 1) / lateStep)
+	best := -1.0
+	for i := lateSteps - 1; i >= min(first, lateSteps-1); i-- {
+		if i != first && i != lateSteps-1 && s.lates[i] == 0 {
+			continue // no start of its own: the step below costs as many late calls
+		}
+		t := time.Duration(i) * lateStep
+		var later int32
+		for _, n := range s.lates[i+1:] {
+			later += n
+		}
+		g := guardFor(a, t, spread, calls, burst, window)
+		cost := float64(later)/float64(s.starts) + float64(g)/float64(window+g)
+		if best < 0 || cost < best {
+			best, tol, guard = cost, t, g
+		}
+	}
+	return tol, guard
+}
+
+// guardFor is the guard for calls that start within tol of their tick and
+// reach the vendor within spread more: edgeGuard's, at least tol and
+// MarginOver, at most MaxMargin of the window, rounded up to a
+// millisecond.
+func guardFor(a Adapt, tol, spread time.Duration, calls, burst int, window time.Duration) time.Duration {
+	most := time.Duration(a.MaxMargin * float64(window))
+	g := min(max(edgeGuard(calls, burst, window, tol+spread, most, a.Overrun), tol+a.MarginOver), most)
+	return (g + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
 // spacing is the bucket's configured tick in this process, the guard it
@@ -118,7 +188,7 @@ func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duratio
 	if !p.MeasureGuard {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}
-	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Window, b.gate.clock.Now())
+	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Rate, p.Burst, p.Limits[0].Window, b.gate.clock.Now())
 	if !ok {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}

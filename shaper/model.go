@@ -109,20 +109,24 @@ type Adapt struct {
 	// Keep is how long the belief outlives the last refusal; default 10m.
 	Keep time.Duration
 
-	// The measured margin, for a policy without a configured Guard: the
-	// guard covers how late calls start after their tick (LateFactor
-	// times the latest start, which is also the tolerance) and the spread
-	// of round trips to the vendor, plus MarginOver; at most MaxMargin of
-	// the window. The latest start
-	// and the spread are the maxima of the last one or two MeasurePeriods
-	// (default 10s); until MeasureSamples calls (default 32) were seen,
-	// the default guard holds. LateFactor defaults to 2. The tolerance is
-	// at least MinTolerance (default 3ms): a call later than the
-	// tolerance gives its tick up and asks again, behind the calls queued
-	// after it, so a tolerance tighter than the host's usual lateness
-	// costs the order of calls, not only their ticks.
+	// The measured margin, for a policy without a configured Guard. A call
+	// that starts later than the tolerance gives its tick up (and takes
+	// the next one its process holds, its place in its lane; the
+	// process's newest caller asks again); one that starts within it
+	// reaches the vendor within the tolerance and the spread of round
+	// trips after its tick. For that spread, the guard is the narrowest
+	// that keeps a fixed window at any phase from holding more than its
+	// limit in more than Overrun (default 0.01) of the windows, with the
+	// calls' delays spread uniformly over it (edgeGuard); at least the
+	// tolerance plus MarginOver, at most MaxMargin of the window. The
+	// tolerance, at least MinTolerance (default 3ms), is the one that
+	// costs the fewest calls: the starts later than it (each a tick
+	// given up) against what its guard costs every call
+	// (chooseTolerance). Both follow what the last one or two
+	// MeasurePeriods (default 10s) measured; until MeasureSamples calls
+	// (default 32) were seen, the default guard holds.
 	MinTolerance   time.Duration
-	LateFactor     float64
+	Overrun        float64
 	MeasurePeriod  time.Duration
 	MeasureSamples int
 }
@@ -141,7 +145,7 @@ var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
 	Floor: DefaultAdaptFloor, Ceiling: 0.97, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3, Resolution: 2,
-	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, LateFactor: 2,
+	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, Overrun: 0.01,
 	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
 }
 
@@ -158,6 +162,7 @@ func (a Adapt) withDefaults() Adapt {
 	share(&a.MaxMargin, d.MaxMargin)
 	share(&a.Tolerated, d.Tolerated)
 	share(&a.Ceiling, d.Ceiling)
+	share(&a.Overrun, d.Overrun)
 	if a.Floor <= 0 || a.Floor > 1 {
 		a.Floor = d.Floor
 	}
@@ -166,7 +171,7 @@ func (a Adapt) withDefaults() Adapt {
 			*f.v = *f.def
 		}
 	}
-	for _, f := range []struct{ v, def *float64 }{{&a.MarginGrowth, &d.MarginGrowth}, {&a.EdgeGrowth, &d.EdgeGrowth}, {&a.LateFactor, &d.LateFactor}} {
+	for _, f := range []struct{ v, def *float64 }{{&a.MarginGrowth, &d.MarginGrowth}, {&a.EdgeGrowth, &d.EdgeGrowth}} {
 		if *f.v < 1 {
 			*f.v = *f.def
 		}

@@ -112,22 +112,24 @@ type Policy struct {
 	// 1 <= Burst <= every limit's Rate. Default 1.
 	Burst int
 	// Guard widens every window when the spacing is computed, so that a
-	// call that starts up to Guard late (wake-up lateness plus network
-	// jitter) still lands in the right vendor window. Default 20ms
-	// (DefaultGuard); 429s may widen it. Set NoGuard to use no margin at
-	// all.
+	// call that starts late or meets network jitter still lands in the
+	// right vendor window. Unset (0, without NoGuard), the guard follows
+	// what this process measures (MeasureGuard, from DefaultGuard until
+	// enough calls were seen); set, it is fixed. 429s may widen either.
+	// Set NoGuard to use no margin at all.
 	Guard   time.Duration
 	NoGuard bool
-	// MeasureGuard makes the guard follow what this process measures
-	// (see Adapt.MinTolerance): Guard until enough calls were seen, then
-	// how late calls start and the spread of round trips to the vendor,
-	// so a quiet host gets close to the full rate and a jittery network
-	// widens the spacing before the vendor has to refuse a call. Its
-	// tolerance follows the host too: when a quiet host turns busy, calls
-	// that wake later than it give their tick up and ask again behind
-	// those queued after them, so order within a lane holds only as well
-	// as the host stays as quiet as it was measured (TestLongHighLaneGoesFirst
-	// saw 309 of 456 calls move more than 5 places under -race).
+	// MeasureGuard makes the guard follow what this process measures: how
+	// late calls start after their tick and the spread of round trips to
+	// the vendor, from which Adapt's model of a fixed window's edges
+	// (Adapt.Overrun) gives the narrowest guard that keeps the vendor's
+	// windows, so a quiet host gets close to the full rate and a jittery
+	// network widens the spacing before the vendor has to refuse a call.
+	// Its tolerance follows the host too: a call that wakes later than
+	// it gives its tick up and takes the next tick its process holds (the
+	// newest caller asks again), so a host that turns busy costs ticks,
+	// not the order of a lane. It is what an unset Guard selects; Guard,
+	// when set, is the guard until enough calls were measured.
 	MeasureGuard bool
 	// Tolerance is how late a caller may start after its tick; a caller
 	// that wakes later gives the tick up and asks again. It must leave room
@@ -205,7 +207,7 @@ func (p Policy) withDefaults() Policy {
 		p.Burst = DefaultBurst
 	}
 	if p.Guard == 0 && !p.NoGuard {
-		p.Guard = DefaultGuard
+		p.Guard, p.MeasureGuard = DefaultGuard, true
 	}
 	if p.Tolerance == 0 {
 		p.Tolerance = max(p.Guard*3/4, minTolerance)

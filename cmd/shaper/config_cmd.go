@@ -64,7 +64,7 @@ func printCheck(w io.Writer, cfg *config.Config) {
 		tw.Flush()
 		if measured {
 			fmt.Fprintf(w, "\nGuard measured: the tick shown holds until a worker has measured how late its calls start and\n"+
-				"how much round trips to the vendor vary, then follows them (3ms to a tenth of the window; docs/learning.md).\n"+
+				"how much round trips to the vendor vary, then follows them (5ms to a tenth of the window; docs/learning.md).\n"+
 				"Set guard to fix it.\n")
 		}
 		if len(quotas) > 0 {

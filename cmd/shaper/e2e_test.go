@@ -295,7 +295,7 @@ func TestEmbeddedRedisIsReachableFromAnotherCommand(t *testing.T) {
 	for _, want := range []string{
 		`(?m)^VENDOR +RATE +LIMIT +QUEUED +IN FLIGHT +REQUEUED +GRANTED +429s +NEXT +OLDEST +PAUSED$`,
 		`(?m)^emb +49\.02/s +50/s +0 +0 +0 +\d+ +0 `,
-		fmt.Sprintf(`(?m)^emb: limit 50 per 1s, at most 49\.02/s with the 20ms guard; %d granted, 0 429s in all$`, v[0].GrantedTotal),
+		fmt.Sprintf(`(?m)^emb: limit 50 per 1s, at most 49\.02/s with the measured guard; %d granted, 0 429s in all$`, v[0].GrantedTotal),
 		`(?m)^REQUEUED +calls sent back to the queue`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {

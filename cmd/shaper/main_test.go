@@ -35,8 +35,8 @@ func TestConfigCheck(t *testing.T) {
 	// The per-account vendor: a row for each account's bucket, one per
 	// override and one for the total, each with its tick.
 	for _, want := range []string{
-		`(?m)^shop +each account +2 per 1s +1 +20ms +1 every 510ms +1\.961 per 1s +100000 +no cap$`,
-		`(?m)^shop +account big-store +20 per 1s +1 +20ms +1 every 51ms +19\.61 per 1s +no cap$`,
+		`(?m)^shop +each account +2 per 1s +1 +measured +1 every 510ms +1\.961 per 1s +100000 +no cap$`,
+		`(?m)^shop +account big-store +20 per 1s +1 +measured +1 every 51ms +19\.61 per 1s +no cap$`,
 		`(?m)^shop +all accounts \(total\) +40 per 1s +1 +20ms +1 every 25\.5ms +39\.22 per 1s +no cap$`,
 		`(?m)^acme +the vendor +100 per 1s `,
 	} {
@@ -72,9 +72,9 @@ account_overrides = [
 	}
 	for _, want := range []string{
 		`(?m)^plain +the vendor +10 per 1s `,
-		`(?m)^portal +each account +5 per 1s +5 +20ms +5 every 1\.02s +4\.902 per 1s +100000 +2$`,
-		`(?m)^portal +account acme-eu +50 per 1s +5 +20ms +5 every 102ms +49\.02 per 1s +8$`,
-		`(?m)^portal +account slow +5 per 1m +1 +20ms +1 every 12\.004s +4\.998 per 1m +2$`,
+		`(?m)^portal +each account +5 per 1s +5 +measured +5 every 1\.02s +4\.902 per 1s +100000 +2$`,
+		`(?m)^portal +account acme-eu +50 per 1s +5 +measured +5 every 102ms +49\.02 per 1s +8$`,
+		`(?m)^portal +account slow +5 per 1m +1 +measured +1 every 12\.004s +4\.998 per 1m +2$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("output lacks a row matching %s:\n%s", want, out)

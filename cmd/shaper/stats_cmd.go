@@ -148,12 +148,15 @@ func vendorNotes(v VendorStats) []string {
 	guard := seconds(v.GuardSeconds, 100*time.Microsecond)
 	var out []string
 	note := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
-	guarded := "no guard"
-	switch cg := seconds(v.ConfigGuardSeconds, 100*time.Microsecond); {
-	case v.GuardMeasured:
-		guarded = "the measured guard"
-	case cg > 0:
+	// The total is spaced with the vendor's configured guard, or the
+	// default one where the accounts' guards are measured.
+	guarded, totalGuarded := "no guard", "no guard"
+	if cg := seconds(v.ConfigGuardSeconds, 100*time.Microsecond); cg > 0 {
 		guarded = "the " + cg.String() + " guard"
+		totalGuarded = guarded
+	}
+	if v.GuardMeasured {
+		guarded = "the measured guard"
 	}
 	each, all := "", "in all"
 	if v.AccountsWithBacklog != nil { // a per-account vendor
@@ -203,7 +206,7 @@ func vendorNotes(v VendorStats) []string {
 	}
 	if t := v.Total; t != nil {
 		tw, _ := time.ParseDuration(t.Window)
-		line := fmt.Sprintf("total %d per %s over all accounts, at most %s with %s", t.Rate, t.Window, report.PerWindow(t.EffectiveRate, tw), guarded)
+		line := fmt.Sprintf("total %d per %s over all accounts, at most %s with %s", t.Rate, t.Window, report.PerWindow(t.EffectiveRate, tw), totalGuarded)
 		if len(t.Limits) > 0 {
 			line += ", and " + strings.Join(t.Limits, ", ")
 		}
