@@ -171,4 +171,10 @@ func TestEdgeModel(t *testing.T) {
 	if g := edgeGuard(100, 1, time.Second, 0, most, 0.01); g != 0 {
 		t.Errorf("no spread: guard %s, want none", g)
 	}
+	// A million calls a second: the drift of 5 ms of spread is about
+	// 41 calls either way (normal), a tenth of a millisecond of the
+	// window's million.
+	if g := edgeGuard(1_000_000, 1, time.Second, 5*time.Millisecond, most, 0.01); g <= 0 || g > time.Millisecond {
+		t.Errorf("a million calls a second, 5 ms of spread: guard %s, want (0, 1ms]", g)
+	}
 }
