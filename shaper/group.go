@@ -14,6 +14,7 @@ type Group struct {
 	gate  *Gate
 	name  string
 	total *totalTick
+	rec   *record // what its buckets' meters measure, together
 }
 
 // Name returns the group's name.
@@ -37,7 +38,7 @@ func (g *Gate) Group(name string, total *Policy) (*Group, error) {
 	if err := checkName("group", name); err != nil {
 		return nil, err
 	}
-	grp := &Group{gate: g, name: name}
+	grp := &Group{gate: g, name: name, rec: &record{}}
 	if total != nil {
 		if err := total.Validate(); err != nil {
 			return nil, fmt.Errorf("shaper: group %q: total: %w", name, err)
@@ -79,7 +80,7 @@ func (grp *Group) bucket(name string, p Policy) (*Bucket, error) {
 		}
 	}
 	keep = max(keep+p.Guard, minKeep)
-	b := &Bucket{gate: grp.gate, name: full, group: grp.name, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: &meter{},
+	b := &Bucket{gate: grp.gate, name: full, group: grp.name, member: name, policy: p, interval: iv, burst: burst, keep: keep, meter: newMeter(grp.rec),
 		total: grp.total, limits: limitSpec(p), keys: keysOf(grp.gate.prefix, grp.name, name), made: grp.gate.handles.Add(1),
 		core:    len(p.Limits) == 1 && grp.total == nil && p.MaxInFlight == 0 && p.Warmup == 0,
 		counted: (len(p.Limits) > 1 || grp.total != nil) && p.MaxInFlight == 0 && p.Warmup == 0}

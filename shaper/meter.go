@@ -5,22 +5,39 @@ import (
 	"time"
 )
 
-// meter measures, for one bucket handle in this process, what the margin
-// before each tick must cover: how late calls start after their tick, and
-// the spread of round trips to the vendor (how far the network moves a
-// call within its window). It keeps two periods (the current and the
-// last), so a spike counts for at least one period and is forgotten after
-// two: a few numbers and a short record of lateness whatever the traffic.
+// meter is what the margin before each tick must cover, for one bucket
+// handle: the record of measurements it shares with the other handles of
+// its group in this process (how late calls start after their tick, and
+// the spread of round trips to the vendor: the host's and the network's,
+// the same for every account of a vendor, whose handles are made per
+// call), and the guard and tolerance in force for the handle.
 type meter struct {
+	rec        *record
 	mu         sync.Mutex
-	start      time.Time // of the current period
-	cur, prev  measured
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
 	chosen     time.Time     // when the tolerance was last chosen (see margin)
 	pickIn     pickInput     // for what
 	pick       time.Duration // the tolerance chosen
 	pickGuard  time.Duration // and the guard that goes with it
+}
+
+// newMeter returns a meter on the record rec (nil: a record of its own).
+func newMeter(rec *record) *meter {
+	if rec == nil {
+		rec = &record{}
+	}
+	return &meter{rec: rec}
+}
+
+// record keeps the measurements of two periods (the current and the
+// last), so that a spike counts for at least one period and is forgotten
+// after two: a few numbers and a short record of lateness whatever the
+// traffic.
+type record struct {
+	mu        sync.Mutex
+	start     time.Time // of the current period
+	cur, prev measured
 }
 
 // pickInput is what a choice of the tolerance was made for: a new
@@ -48,18 +65,19 @@ type measured struct {
 	tripMin, tripMax time.Duration
 }
 
-// observe adds one sample to the period of now.
+// observe adds one sample to the record's period of now.
 func (m *meter) observe(a Adapt, now time.Time, f func(*measured)) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if now.Sub(m.start) >= a.MeasurePeriod {
-		m.prev, m.cur = m.cur, measured{}
-		if now.Sub(m.start) >= 2*a.MeasurePeriod {
-			m.prev = measured{} // idle for a whole period: nothing of it is current
+	r := m.rec
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Sub(r.start) >= a.MeasurePeriod {
+		r.prev, r.cur = r.cur, measured{}
+		if now.Sub(r.start) >= 2*a.MeasurePeriod {
+			r.prev = measured{} // idle for a whole period: nothing of it is current
 		}
-		m.start = now
+		r.start = now
 	}
-	f(&m.cur)
+	f(&r.cur)
 }
 
 // late records that a call started d after its tick.
@@ -83,10 +101,13 @@ func (m *meter) roundTrip(a Adapt, now time.Time, d time.Duration) {
 	})
 }
 
-// both is the last two periods' measurements together; m.mu is held.
+// both is the record's last two periods together.
 func (m *meter) both() measured {
-	out := m.cur
-	p := m.prev
+	r := m.rec
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.cur
+	p := r.prev
 	out.starts += p.starts
 	out.late = max(out.late, p.late)
 	for i, n := range p.lates {
@@ -105,8 +126,6 @@ func (m *meter) both() measured {
 // spread is the spread of round trips over the last two periods (longest
 // less shortest; 0 before any).
 func (m *meter) spread() time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	s := m.both()
 	return s.tripMax - s.tripMin
 }
@@ -121,9 +140,9 @@ func (m *meter) spread() time.Duration {
 // changes the bucket's configured tick, which other replicas compare), a
 // wider one at once.
 func (m *meter) margin(a Adapt, calls, burst int, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
+	s := m.both()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.both()
 	if s.starts < a.MeasureSamples || s.trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
