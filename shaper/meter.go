@@ -41,10 +41,9 @@ type record struct {
 }
 
 // pickInput is what a choice of the tolerance was made for: a new
-// latest start or spread (a spike), or another tick, is chosen for at
+// latest start or spread (a spike), or another window, is chosen for at
 // once.
 type pickInput struct {
-	calls, burst         int
 	window, spread, late time.Duration
 }
 
@@ -130,25 +129,25 @@ func (m *meter) spread() time.Duration {
 	return s.tripMax - s.tripMin
 }
 
-// margin is the guard and tolerance the measurements ask for, for calls
-// per window ticked burst at a time (see Adapt): the tolerance that costs
-// the fewest calls (chooseTolerance), and the guard that goes with it.
+// margin is the guard and tolerance the measurements ask for, for a
+// primary window of window (see Adapt): the tolerance that costs the
+// fewest calls (chooseTolerance), and the guard that goes with it.
 // ok is false until MeasureSamples starts and round trips were seen. The
 // choice is made again once a tenth of a period has passed, or at once
 // when the latest start or the spread changes (it reads the whole record:
 // not on every call); a narrower guard applies at most once a period (it
 // changes the bucket's configured tick, which other replicas compare), a
 // wider one at once.
-func (m *meter) margin(a Adapt, calls, burst int, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
+func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
 	s := m.both()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s.starts < a.MeasureSamples || s.trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
-	in := pickInput{calls: calls, burst: burst, window: window, spread: s.tripMax - s.tripMin, late: s.late}
+	in := pickInput{window: window, spread: s.tripMax - s.tripMin, late: s.late}
 	if in != m.pickIn || now.Sub(m.chosen) >= a.MeasurePeriod/10 {
-		m.pick, m.pickGuard = chooseTolerance(a, s, calls, burst, window)
+		m.pick, m.pickGuard = chooseTolerance(a, s, window)
 		m.pickIn, m.chosen = in, now
 	}
 	g := m.pickGuard
@@ -162,12 +161,11 @@ func (m *meter) margin(a Adapt, calls, burst int, window time.Duration, now time
 // chooseTolerance is the tolerance, and the guard that goes with it, that
 // cost the fewest calls by what s measured: a call that starts later than
 // the tolerance gives its tick up (one call less), and the guard, which
-// must cover the tolerance, the round trips' spread and the drift of
-// calls across a fixed window's edges (guardFor), costs guard / (window +
-// guard) of every call. The candidates are MinTolerance and the top of
+// must cover the tolerance and the round trips' spread (guardFor), costs
+// guard / (window + guard) of every call. The candidates are MinTolerance and the top of
 // every step of the record with a start in it, up to 3/4 of the default
 // guard.
-func chooseTolerance(a Adapt, s measured, calls, burst int, window time.Duration) (tol, guard time.Duration) {
+func chooseTolerance(a Adapt, s measured, window time.Duration) (tol, guard time.Duration) {
 	spread := s.tripMax - s.tripMin
 	first := int((a.MinTolerance + lateStep - 1) / lateStep)
 	best := -1.0
@@ -180,7 +178,7 @@ func chooseTolerance(a Adapt, s measured, calls, burst int, window time.Duration
 		for _, n := range s.lates[i+1:] {
 			later += n
 		}
-		g := guardFor(a, t, spread, calls, burst, window)
+		g := guardFor(a, t, spread, window)
 		cost := float64(later)/float64(s.starts) + float64(g)/float64(window+g)
 		if best < 0 || cost < best {
 			best, tol, guard = cost, t, g
@@ -189,13 +187,13 @@ func chooseTolerance(a Adapt, s measured, calls, burst int, window time.Duration
 	return tol, guard
 }
 
-// guardFor is the guard for calls that start within tol of their tick and
-// reach the vendor within spread more: edgeGuard's, at least tol and
-// MarginOver, at most MaxMargin of the window, rounded up to a
-// millisecond.
-func guardFor(a Adapt, tol, spread time.Duration, calls, burst int, window time.Duration) time.Duration {
-	most := time.Duration(a.MaxMargin * float64(window))
-	g := min(max(edgeGuard(calls, burst, window, tol+spread, most, a.Overrun), tol+a.MarginOver), most)
+// guardFor is the guard for calls that start within tol of their tick
+// and reach the vendor within spread more: tol + spread + MarginOver, so
+// that rate consecutive calls reach the vendor more than a window apart
+// (G1 at the vendor, for the spread measured), at most MaxMargin of the
+// window, rounded up to a millisecond.
+func guardFor(a Adapt, tol, spread, window time.Duration) time.Duration {
+	g := min(tol+spread+a.MarginOver, time.Duration(a.MaxMargin*float64(window)))
 	return (g + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
@@ -207,7 +205,7 @@ func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duratio
 	if !p.MeasureGuard {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}
-	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Rate, p.Burst, p.Limits[0].Window, b.gate.clock.Now())
+	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Window, b.gate.clock.Now())
 	if !ok {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}

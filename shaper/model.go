@@ -114,19 +114,16 @@ type Adapt struct {
 	// the next one its process holds, its place in its lane; the
 	// process's newest caller asks again); one that starts within it
 	// reaches the vendor within the tolerance and the spread of round
-	// trips after its tick. For that spread, the guard is the narrowest
-	// that keeps a fixed window at any phase from holding more than its
-	// limit in more than Overrun (default 0.01) of the windows, with the
-	// calls' delays spread uniformly over it (edgeGuard); at least the
-	// tolerance plus MarginOver, at most MaxMargin of the window. The
-	// tolerance, at least MinTolerance (default 3ms), is the one that
-	// costs the fewest calls: the starts later than it (each a tick
-	// given up) against what its guard costs every call
-	// (chooseTolerance). Both follow what the last one or two
-	// MeasurePeriods (default 10s) measured; until MeasureSamples calls
-	// (default 32) were seen, the default guard holds.
+	// trips after its tick, and the guard covers both and MarginOver, at
+	// most MaxMargin of the window: rate consecutive calls then reach the
+	// vendor more than a window apart. The tolerance, at least
+	// MinTolerance (default 3ms), is the one that costs the fewest calls:
+	// the starts later than it (each a tick given up) against what its
+	// guard costs every call (chooseTolerance). Both follow what the last
+	// one or two MeasurePeriods (default 10s) measured; until
+	// MeasureSamples calls (default 32) were seen, the default guard
+	// holds.
 	MinTolerance   time.Duration
-	Overrun        float64
 	MeasurePeriod  time.Duration
 	MeasureSamples int
 }
@@ -145,7 +142,7 @@ var defaultAdapt = Adapt{
 	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
 	Floor: DefaultAdaptFloor, Ceiling: 0.97, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3, Resolution: 2,
-	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond, Overrun: 0.01,
+	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond,
 	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
 }
 
@@ -162,7 +159,6 @@ func (a Adapt) withDefaults() Adapt {
 	share(&a.MaxMargin, d.MaxMargin)
 	share(&a.Tolerated, d.Tolerated)
 	share(&a.Ceiling, d.Ceiling)
-	share(&a.Overrun, d.Overrun)
 	if a.Floor <= 0 || a.Floor > 1 {
 		a.Floor = d.Floor
 	}

@@ -121,15 +121,14 @@ type Policy struct {
 	NoGuard bool
 	// MeasureGuard makes the guard follow what this process measures: how
 	// late calls start after their tick and the spread of round trips to
-	// the vendor, from which Adapt's model of a fixed window's edges
-	// (Adapt.Overrun) gives the narrowest guard that keeps the vendor's
-	// windows, so a quiet host gets close to the full rate and a jittery
-	// network widens the spacing before the vendor has to refuse a call.
-	// Its tolerance follows the host too: a call that wakes later than
-	// it gives its tick up and takes the next tick its process holds (the
-	// newest caller asks again), so a host that turns busy costs ticks,
-	// not the order of a lane. It is what an unset Guard selects; Guard,
-	// when set, is the guard until enough calls were measured.
+	// the vendor (see Adapt), so a quiet host gets close to the full rate
+	// and a jittery network widens the spacing before the vendor has to
+	// refuse a call. Its tolerance is the one that costs the fewest calls:
+	// a call that wakes later than it gives its tick up and takes the next
+	// tick its process holds (the newest caller asks again), so a host
+	// that turns busy costs ticks, not the order of a lane. It is what an
+	// unset Guard selects; Guard, when set, is the guard until enough
+	// calls were measured.
 	MeasureGuard bool
 	// Tolerance is how late a caller may start after its tick; a caller
 	// that wakes later gives the tick up and asks again. It must leave room
