@@ -262,7 +262,9 @@ func guardLabel(g time.Duration) string {
 func TestLongQuietHost(t *testing.T) {
 	// Not parallel with the package's other tests: a share within 1% of
 	// the limit measures how late calls start, which a machine shared
-	// with other scenarios (or the race detector) stretches.
+	// with other scenarios stretches. CI runs it under the race detector
+	// (make test-long-race), for its safety; make bench-learn without,
+	// for its share.
 	redistest.Long(t)
 	e := newEnv(t)
 	vend := &vendorsim.Mock{Rate: 100, Window: time.Second, Phase: randomPhase(time.Second)}
