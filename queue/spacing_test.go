@@ -57,16 +57,25 @@ func (o outcome) refusedPerThousand() float64 {
 	return 1000 * float64(o.refused) / float64(max(o.ok+o.refused, 1))
 }
 
-// count tallies the answers in [first, first+run).
+// count tallies the answers in [first, first+run), first the first
+// call's.
 func count(at []time.Time, status []int, run time.Duration) outcome {
-	var o outcome
 	if len(at) == 0 {
-		return o
+		return outcome{}
 	}
-	first := at[0]
+	return countIn(at, status, 0, run)
+}
+
+// countIn tallies the answers from from to to after the first call.
+func countIn(at []time.Time, status []int, from, to time.Duration) outcome {
+	var o outcome
 	for i, x := range at {
-		if x.Sub(first) >= run {
+		d := x.Sub(at[0])
+		if d >= to {
 			break
+		}
+		if d < from {
+			continue
 		}
 		if status[i] == http.StatusTooManyRequests {
 			o.refused++
@@ -279,18 +288,10 @@ func TestLongQuietHost(t *testing.T) {
 	time.Sleep(time.Until(vend.Requests()[0].At.Add(run)))
 	var at []time.Time
 	var status []int
-	var steady outcome // the calls in [first + settle, first + run)
 	for _, r := range vend.Requests() {
 		at, status = append(at, r.At), append(status, r.Status)
-		if d := r.At.Sub(at[0]); d >= settle && d < run {
-			if r.Status == http.StatusTooManyRequests {
-				steady.refused++
-			} else if r.Status < 300 {
-				steady.ok++
-			}
-		}
 	}
-	o := count(at, status, run)
+	o, steady := count(at, status, run), countIn(at, status, settle, run)
 	st := e.stats(name)
 	s := vend.Summarize()
 	t.Logf("quiet fixed-window vendor at 100/s, 3 workers: %.1f%% of the limit over %s, %.1f%% over the last %s; %d 429s; max %d per fixed window; %d ticks granted, %d given up late, %d dropped",

@@ -16,10 +16,6 @@ type meter struct {
 	mu         sync.Mutex
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
-	chosen     time.Time     // when the tolerance was last chosen (see margin)
-	pickIn     pickInput     // for what
-	pick       time.Duration // the tolerance chosen
-	pickGuard  time.Duration // and the guard that goes with it
 }
 
 // newMeter returns a meter on the record rec (nil: a record of its own).
@@ -40,13 +36,6 @@ type record struct {
 	cur, prev measured
 }
 
-// pickInput is what a choice of the tolerance was made for: a new
-// latest start or spread (a spike), or another window, is chosen for at
-// once.
-type pickInput struct {
-	window, spread, late time.Duration
-}
-
 // lateStep is the resolution of a period's record of how late calls
 // start; lateSteps of them reach the largest tolerance (3/4 of the
 // default guard), and a later start counts in the last.
@@ -58,7 +47,6 @@ const (
 // measured holds one period's measurements.
 type measured struct {
 	starts           int              // calls whose start lateness was seen
-	late             time.Duration    // the latest start
 	lates            [lateSteps]int32 // starts by lateness: lates[i] those later than (i-1) steps, at most i (see lateStep)
 	trips            int              // round trips seen
 	tripMin, tripMax time.Duration
@@ -84,7 +72,6 @@ func (m *meter) late(a Adapt, now time.Time, d time.Duration) {
 	i := min(int((d+lateStep-1)/lateStep), lateSteps-1)
 	m.observe(a, now, func(s *measured) {
 		s.starts++
-		s.late = max(s.late, d)
 		s.lates[i]++
 	})
 }
@@ -108,7 +95,6 @@ func (m *meter) both() measured {
 	out := r.cur
 	p := r.prev
 	out.starts += p.starts
-	out.late = max(out.late, p.late)
 	for i, n := range p.lates {
 		out.lates[i] += n
 	}
@@ -132,10 +118,8 @@ func (m *meter) spread() time.Duration {
 // margin is the guard and tolerance the measurements ask for, for a
 // primary window of window (see Adapt): the tolerance that costs the
 // fewest calls (chooseTolerance), and the guard that goes with it.
-// ok is false until MeasureSamples starts and round trips were seen. The
-// choice is made again once a tenth of a period has passed, or at once
-// when the latest start or the spread changes (it reads the whole record:
-// not on every call); a narrower guard applies at most once a period (it
+// ok is false until MeasureSamples starts and round trips were seen. A
+// narrower guard applies at most once a period (it
 // changes the bucket's configured tick, which other replicas compare), a
 // wider one at once.
 func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
@@ -145,16 +129,11 @@ func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol
 	if s.starts < a.MeasureSamples || s.trips < a.MeasureSamples {
 		return m.guard, m.tol, m.guard > 0
 	}
-	in := pickInput{window: window, spread: s.tripMax - s.tripMin, late: s.late}
-	if in != m.pickIn || now.Sub(m.chosen) >= a.MeasurePeriod/10 {
-		m.pick, m.pickGuard = chooseTolerance(a, s, window)
-		m.pickIn, m.chosen = in, now
-	}
-	g := m.pickGuard
+	tol, g := chooseTolerance(a, s, window)
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
 		m.guard, m.changed = g, now
 	}
-	m.tol = min(m.pick, m.guard*3/4)
+	m.tol = min(tol, m.guard*3/4)
 	return m.guard, m.tol, true
 }
 
@@ -162,22 +141,23 @@ func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol
 // cost the fewest calls by what s measured: a call that starts later than
 // the tolerance gives its tick up (one call less), and the guard, which
 // must cover the tolerance and the round trips' spread (guardFor), costs
-// guard / (window + guard) of every call. The candidates are MinTolerance and the top of
-// every step of the record with a start in it, up to 3/4 of the default
-// guard.
+// guard / (window + guard) of every call. The candidates are
+// MinTolerance and the top of every step of the record with a start in
+// it, up to 3/4 of the default guard: a few dozen steps, chosen again on
+// every call.
 func chooseTolerance(a Adapt, s measured, window time.Duration) (tol, guard time.Duration) {
 	spread := s.tripMax - s.tripMin
 	first := int((a.MinTolerance + lateStep - 1) / lateStep)
 	best := -1.0
+	var later int32 // the starts later than step i
 	for i := lateSteps - 1; i >= min(first, lateSteps-1); i-- {
+		if i < lateSteps-1 {
+			later += s.lates[i+1]
+		}
 		if i != first && i != lateSteps-1 && s.lates[i] == 0 {
 			continue // no start of its own: the step below costs as many late calls
 		}
 		t := time.Duration(i) * lateStep
-		var later int32
-		for _, n := range s.lates[i+1:] {
-			later += n
-		}
 		g := guardFor(a, t, spread, window)
 		cost := float64(later)/float64(s.starts) + float64(g)/float64(window+g)
 		if best < 0 || cost < best {
