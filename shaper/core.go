@@ -385,7 +385,7 @@ local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 local interval, burst, wide_new, wide_at_new
 interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
   wiv, wb, wfresh)
-local paused, tol, hi_until = 0, 0, 0
+local paused, tol, hi_until, gap = 0, 0, 0, 0
 if adapted then
   local costly_until, rate, source, guard
   hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
@@ -401,6 +401,12 @@ if adapted then
   if guard and guard > 0 then
     local iv, b = spacing(rate or p.rate, burst, p.window + guard)
     interval, burst = math.max(interval, iv), b
+  end
+  -- A margin lesson in force (tol): calls stamp their starts (see
+  -- startLua), at least gap apart, as the full script says.
+  if tol > 0 and burst == 1 then
+    local bare = spacing(rate or p.rate, 1, p.window)
+    gap = math.floor(bare + math.max(interval - bare, 0) / 2)
   end
 end
 if hi_until > now then
@@ -465,5 +471,6 @@ if deferred > 0 then
   redis.call('HSET', k_gate, 'defer_at', fmt(at))
   redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))
 end
+if gap > 0 then out[#out + 1] = gap end
 return out
 `

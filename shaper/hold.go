@@ -213,6 +213,42 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			}
 			return nil, nil
 		}
+		if gap := b.startGap(cur.r); gap > 0 {
+			// Spaced by actual starts: wait for the start before this one
+			// to be gap behind, within what is left of the tolerance.
+			wait, ok, err := b.stampStart(ctx, gap, tolerance-max(late, 0))
+			if err == nil && !ok {
+				err = b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost)
+				if err == nil {
+					return nil, nil
+				}
+			}
+			if err != nil {
+				return nil, err
+			}
+			if err := clock.Sleep(ctx, wait); err != nil {
+				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, "", cur.r.tick, req.Cost)
+				return nil, err
+			}
+			late += wait
+			now = clock.Now()
+		}
 		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick, granted: now}, nil
 	}
+}
+
+// startGap is the least gap between the start of a call granted r and
+// the start before it, for a bucket spaced by actual starts (see
+// startLua): a vendor that enforces spacing, said in the policy or
+// learned (a margin lesson in force: r.gap); 0 for any other.
+func (b *Bucket) startGap(r reservation) time.Duration {
+	if r.gap > 0 || !b.policy.StrictSpacing {
+		return r.gap
+	}
+	iv, burst, _, _ := b.spacing()
+	if burst != 1 {
+		return 0
+	}
+	bare, _ := tickFor(b.policy.spaced(), 1, 0, 0)
+	return startGap(iv, bare)
 }

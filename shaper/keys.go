@@ -84,6 +84,10 @@ type bucketKeys struct {
 	// check is a short-lived string a server check writes (see
 	// checkScript): a replica refuses the write.
 	check string
+	// start is a string, the moment the bucket's last call started (µs),
+	// for a bucket spaced by actual starts (see startLua); it expires a
+	// window after that start.
+	start string
 }
 
 func keysOf(prefix, group, bucket string) bucketKeys {
@@ -96,7 +100,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"),
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
-		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"),
+		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"), start: b("start"),
 	}
 }
 

@@ -255,14 +255,19 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
 	cfg := c.configured()
-	_, _, inForce, _ := b.spacing()
+	_, _, inForce, tol := b.spacing()
 	jitter := max(ans.Jitter, b.meter.spread())
+	window := primary.Window
+	widened := false
+	if w := b.meter.widenedAt(); b.policy.MeasureGuard && p != nil && !w.IsZero() {
+		widened = p.granted.Sub(w) < window+inForce
+	}
 	e := evidence{
 		tick: tick, ok: parseInts(res[5]), limited: parseInts(res[6]), window: primary.Window.Microseconds(),
 		configured: cfg, rate: parseFloat(res[2], cfg), quiet: parseFloat(res[4], 0),
 		guard: max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, inForce), baseGuard: inForce,
 		jitter: jitter, inForce: out.InForce, lessonTick: int64(parseFloat(res[7], 0)), sinceMargin: mode == 2, strict: b.policy.StrictSpacing,
-		probeAt: int64(parseFloat(res[8], 0)),
+		covered: inForce >= guardFor(a, tol, jitter, window), widened: widened, probeAt: int64(parseFloat(res[8], 0)),
 	}
 	seen, _ := res[7].(string)
 	if e.tick == 0 && len(e.limited) > 0 {

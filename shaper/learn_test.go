@@ -98,11 +98,21 @@ func TestJudge(t *testing.T) {
 			e.limited = []int64{refusedAtFull - 400_000, refusedAtFull - 300_000, refusedAtFull - 200_000, refusedAtFull - 100_000, refusedAtFull}
 			return e
 		}, LessonNone, 0, 0},
-		{"a vendor that enforces spacing: the margin, even at a cold start's count", func() evidence {
+		{"a vendor that enforces spacing: the margin at its cap at once, even at a cold start's count", func() evidence {
 			e := base(100, evenTicks(0, 10_200, 20), 20*10_200)
 			e.strict = true
 			return e
-		}, LessonMargin, 0, 30 * time.Millisecond},
+		}, LessonMargin, 0, 100 * time.Millisecond},
+		{"refused at the full spacing by a guard that covers the jitter measured: spacing learned, the margin at its cap", func() evidence {
+			e := base(100, atFull, refusedAtFull)
+			e.covered = true
+			return e
+		}, LessonMargin, 0, 100 * time.Millisecond},
+		{"spaced by a narrower measured guard than the one in force: nothing new", func() evidence {
+			e := base(100, atFull, refusedAtFull)
+			e.widened, e.covered = true, true
+			return e
+		}, LessonNone, 0, 0},
 		{"a vendor that enforces spacing, refusals go on at the widest margin: the rate", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.strict, e.guard = true, 100*time.Millisecond

@@ -125,12 +125,16 @@ func (sc simScenario) String() string {
 	if sc.fromRefusal {
 		s += ", counted from the first 429"
 	}
+	if sc.run > 0 && sc.run != time.Minute {
+		s += ", " + sc.run.String()
+	}
 	return s
 }
 
 // simResult is what the vendor saw.
 type simResult struct {
 	accepted, refused int
+	gaveUp            int     // ticks given up: the start waited longer than its tolerance for the one before
 	share             float64 // accepted calls over what the limit allows in the run, from the first call
 	rate              float64 // the effective rate at the end
 	guard             time.Duration
@@ -243,6 +247,28 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 		// transport measures as round trips).
 		late := rng.Int64N(simLate.Microseconds() + 1)
 		b.observeLate(time.Duration(late) * time.Microsecond)
+		if gap := b.startGap(r); gap > 0 {
+			// Spaced by actual starts (what holdTick does): the start
+			// is stamped, and waits for the one before it.
+			deliverUntil(tick + late)
+			clk.set(tick + late)
+			_, _, _, tol := b.spacing()
+			if r.tolerance > 0 {
+				tol = min(tol, r.tolerance)
+			}
+			wait, ok, err := b.stampStart(ctx, gap, tol-time.Duration(late)*time.Microsecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 1); err != nil {
+					t.Fatal(err)
+				}
+				res.gaveUp++
+				continue
+			}
+			late += wait.Microseconds()
+		}
 		var delay int64
 		if sc.jitter > 0 {
 			delay = rng.Int64N(sc.jitter.Microseconds() + 1)
@@ -291,7 +317,10 @@ func TestLearningSimulated(t *testing.T) {
 		bar bar
 	}
 	add := func(sc simScenario, b bar) {
-		sc.replicas, sc.run = 3, time.Minute
+		sc.replicas = 3
+		if sc.run == 0 {
+			sc.run = time.Minute
+		}
 		cases = append(cases, struct {
 			sc  simScenario
 			bar bar
@@ -323,6 +352,14 @@ func TestLearningSimulated(t *testing.T) {
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, seed: 4}, bar{share: 0.7, refused: 10, perMil: true, issue: 0.9})
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, guard: 100 * time.Millisecond, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, strict: true, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
+	// nginx limit_req without burst behind a front that sends
+	// Retry-After: 1 on every 429, which pauses every replica for a
+	// second: 1,000 calls' time (10 s), calls reaching it within 0.5 ms
+	// of their start.
+	add(simScenario{kind: "spacing", limit: 100, configured: 100, retryAfter: true, jitter: 500 * time.Microsecond, run: 10 * time.Second, seed: 7},
+		bar{share: 0.5, refused: 10, perMil: true, issue: 0.9})
+	add(simScenario{kind: "spacing", limit: 100, configured: 100, retryAfter: true, strict: true, jitter: 500 * time.Microsecond, run: 10 * time.Second, seed: 7},
+		bar{share: 0.5, refused: 10, perMil: true, issue: 0.9})
 	// A quiet host: the measured guard (the default) gives 99%; a fixed
 	// 20 ms one 98%.
 	add(simScenario{kind: "fixed", limit: 100, configured: 100, jitter: 3 * time.Millisecond, phase: 400 * time.Millisecond, seed: 5}, bar{share: 0.99, refused: 0})

@@ -73,6 +73,7 @@ func TestScriptBindings(t *testing.T) {
 		{"counted", countedLua, countedKeyNames, &countedArgs{}},
 		{"core", coreLua, coreKeyNames, &coreArgs{}},
 		{"refused", refusedLua, refusedKeyNames, &refusedArgs{}},
+		{"start", startLua, startKeyNames, &startArgs{}},
 		{"apply", applyLua, applyKeyNames, &applyArgs{}},
 	} {
 		t.Run(sc.name, func(t *testing.T) { checkBindings(t, sc.body, sc.keys, sc.args) })

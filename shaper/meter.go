@@ -16,6 +16,7 @@ type meter struct {
 	mu         sync.Mutex
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
+	widened    time.Time     // when guard last widened
 }
 
 // newMeter returns a meter on the record rec (nil: a record of its own).
@@ -108,6 +109,13 @@ func (m *meter) both() measured {
 	return out
 }
 
+// widenedAt is when the guard in force last widened (zero: never).
+func (m *meter) widenedAt() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.widened
+}
+
 // spread is the spread of round trips over the last two periods (longest
 // less shortest; 0 before any).
 func (m *meter) spread() time.Duration {
@@ -122,7 +130,7 @@ func (m *meter) spread() time.Duration {
 // narrower guard applies at most once a period (it
 // changes the bucket's configured tick, which other replicas compare), a
 // wider one at once.
-func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
+func (m *meter) margin(a Adapt, window, from time.Duration, now time.Time) (guard, tol time.Duration, ok bool) {
 	s := m.both()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -131,6 +139,9 @@ func (m *meter) margin(a Adapt, window time.Duration, now time.Time) (guard, tol
 	}
 	tol, g := chooseTolerance(a, s, window)
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
+		if prev := m.guard; g > prev && (prev > 0 || g > from) {
+			m.widened = now // (the first guard measured replaces from, the policy's)
+		}
 		m.guard, m.changed = g, now
 	}
 	m.tol = min(tol, m.guard*3/4)
@@ -185,7 +196,7 @@ func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duratio
 	if !p.MeasureGuard {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}
-	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Window, b.gate.clock.Now())
+	g, t, ok := b.meter.margin(p.Adapt.withDefaults(), p.Limits[0].Window, p.Guard, b.gate.clock.Now())
 	if !ok {
 		return b.interval, b.burst, p.Guard, p.Tolerance
 	}

@@ -26,7 +26,7 @@ func TestMeter(t *testing.T) {
 		}
 	}
 	margin := func(m *meter, at time.Time) (time.Duration, time.Duration, bool) {
-		return m.margin(a, time.Second, at)
+		return m.margin(a, time.Second, DefaultGuard, at)
 	}
 	if _, _, ok := margin(m, t0); ok {
 		t.Fatal("a margin before any call")

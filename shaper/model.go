@@ -217,6 +217,14 @@ type evidence struct {
 	sinceMargin bool
 	// strict: the vendor enforces spacing (Policy.StrictSpacing).
 	strict bool
+	// covered: the guard in force covers the start tolerance and the
+	// round trips' spread measured (jitter cannot explain a refusal at
+	// the full spacing: the vendor enforces spacing).
+	covered bool
+	// widened: the measured guard widened less than a window (+ guard)
+	// before the refused call started: its window was spaced by a
+	// narrower one, which the guard in force already covers.
+	widened bool
 	// probeAt: when a learned rate last stepped toward the largest
 	// limit consistent with what the vendor did (0: never).
 	probeAt int64
@@ -239,6 +247,11 @@ func (a Adapt) judge(e evidence) lesson {
 	capGuard := time.Duration(a.MaxMargin*float64(w)) * time.Microsecond
 	if e.tick == 0 {
 		return a.rateLesson(e, e.rate*a.Decrease, -1, -1, "the refused call is unknown")
+	}
+	if e.widened && e.inForce == LessonNone {
+		// Spaced by a narrower measured guard than the one in force:
+		// the wider one is the lesson, learned already.
+		return lesson{lo: -1, hi: -1, spacing: true}
 	}
 	refused := len(sortedWithin(e.limited, e.tick-w, e.tick+1))
 	accepted := slidingCount(e.ok, e.tick, w)
@@ -321,7 +334,18 @@ func (a Adapt) judge(e evidence) lesson {
 
 // marginLesson widens the guard by MarginGrowth, to at least the measured
 // jitter and MarginOver, at most capGuard.
+//
+// A vendor that enforces spacing (said in the policy, or learned: the
+// guard in force covered the jitter measured, so the refusal is not the
+// network's) needs a margin on every call, not on every window: the
+// guard goes to its cap at once, where the ladder would cost a refusal
+// and its Retry-After pause at every step.
 func (a Adapt) marginLesson(e evidence, lo, hi int, capGuard time.Duration) lesson {
+	if e.strict || e.covered {
+		return lesson{kind: LessonMargin, rate: e.rate, guard: capGuard, lo: lo, hi: hi, spacing: true,
+			because: fmt.Sprintf("at the full spacing with a guard that covers the network jitter measured (%s): the vendor enforces spacing; guard widened to %s and calls spaced by their starts",
+				e.jitter.Round(100*time.Microsecond), capGuard.Round(100*time.Microsecond))}
+	}
 	g := min(max(time.Duration(float64(e.guard)*a.MarginGrowth), e.jitter+a.MarginOver), capGuard)
 	return lesson{kind: LessonMargin, rate: e.rate, guard: g, lo: lo, hi: hi, spacing: true,
 		because: fmt.Sprintf("at the full spacing: guard widened to %s (network jitter %s, or a vendor that enforces spacing)",

@@ -147,8 +147,11 @@ type Policy struct {
 	Adapt Adapt
 	// StrictSpacing says the vendor refuses a call that comes closer to
 	// the one before than its spacing (window / rate), as nginx
-	// limit_req without burst does: its refusals widen the margin
-	// (Adapt.MaxMargin at most) before they lower the rate.
+	// limit_req without burst does. Calls are then spaced by their actual
+	// starts (a late start moves the next one; see startLua), the guard
+	// unless set is Adapt.MaxMargin of the window and the tolerance
+	// Adapt.Tolerance, and refusals widen the margin to its cap before
+	// they lower the rate.
 	StrictSpacing bool
 	// Warmup, when set, ramps the primary limit's rate from WarmupFrom to
 	// Rate over Warmup whenever the bucket starts after being idle for
@@ -205,10 +208,20 @@ func (p Policy) withDefaults() Policy {
 	if p.Burst == 0 {
 		p.Burst = DefaultBurst
 	}
-	if p.Guard == 0 && !p.NoGuard {
+	switch {
+	case p.Guard == 0 && !p.NoGuard && p.StrictSpacing && len(p.Limits) > 0:
+		// A vendor that enforces spacing refuses a call that reaches it
+		// less than window/rate after the one before: the margin its
+		// calls need is per call, and the learned margin's cap is where
+		// its refusals would take it.
+		p.Guard = strictGuard(p)
+	case p.Guard == 0 && !p.NoGuard:
 		p.Guard, p.MeasureGuard = DefaultGuard, true
 	}
-	if p.Tolerance == 0 {
+	switch {
+	case p.Tolerance == 0 && p.StrictSpacing:
+		p.Tolerance = p.Adapt.withDefaults().Tolerance // what a margin lesson sets
+	case p.Tolerance == 0:
 		p.Tolerance = max(p.Guard*3/4, minTolerance)
 	}
 	if p.Horizon == 0 {
@@ -221,6 +234,14 @@ func (p Policy) withDefaults() Policy {
 		p.WarmupFrom = float64(p.Limits[0].Rate) / 4
 	}
 	return p
+}
+
+// strictGuard is the guard of a policy with StrictSpacing and no guard
+// set: Adapt.MaxMargin of the primary window, rounded up to a
+// millisecond.
+func strictGuard(p Policy) time.Duration {
+	g := time.Duration(p.Adapt.withDefaults().MaxMargin * float64(p.Limits[0].Window))
+	return (g + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
 // Tick returns the schedule that keeps every limit of p: one tick

@@ -38,6 +38,10 @@ type reservation struct {
 	tick int64
 	// tolerance is a learned tolerance tighter than the policy's (0: none).
 	tolerance time.Duration
+	// gap is, after a margin lesson, the least gap between this call's
+	// start and the start before it (0: starts are not stamped; see
+	// startLua).
+	gap time.Duration
 	// server is the run_id of the server that answered, as the gate
 	// passed it or the script read it (noServer: INFO refused).
 	server string
@@ -821,7 +825,15 @@ if tiv > 0 then
   total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = t.ring, last = tlast, n = tn,
     kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, p.keep, now)
 end
-return {GRANTED, tick - now, 0, tick, tonumber(ctl.tol) or 0, known}
+-- A margin lesson in force (tol): the call stamps its start (see
+-- startLua), at least gap after the start before it, the spacing without
+-- the guard and half the guard's share of the tick.
+local tol, gap = tonumber(ctl.tol) or 0, 0
+if tol > 0 and burst == 1 then
+  local bare = spacing(rate or p.raise.cfg, burst, p.window)
+  gap = math.floor(bare + math.max(interval - bare, 0) / 2)
+end
+return {GRANTED, tick - now, 0, tick, tol, known, gap}
 `
 
 // batchStagger spaces the moments at which callers of a batch deferred as
@@ -1003,6 +1015,20 @@ func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, 
 	if !whole && len(res) < 5+4*(n-1) {
 		return bad()
 	}
+	// After the items: the server that answered (the full script) and,
+	// with a margin lesson in force, the gap between starts (see
+	// startLua).
+	var gap time.Duration
+	if !whole {
+		for _, x := range res[5+4*(n-1):] {
+			switch v := x.(type) {
+			case string:
+				server = v
+			case int64:
+				gap = time.Duration(v) * time.Microsecond
+			}
+		}
+	}
 	for i := range n {
 		at := 0
 		if i > 0 && !whole {
@@ -1026,10 +1052,7 @@ func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, 
 			wait += time.Duration(i) * batchStagger
 		}
 		rs = append(rs, reservation{ok: v[0] == replyGranted, wait: wait, reason: deferReason(v[2]),
-			tick: v[3], tolerance: time.Duration(tol) * time.Microsecond, server: server})
-	}
-	if n == 1 && len(res) > 5 {
-		rs[0].server, _ = res[5].(string)
+			tick: v[3], tolerance: time.Duration(tol) * time.Microsecond, server: server, gap: gap})
 	}
 	return rs, true, nil
 }
