@@ -110,7 +110,7 @@ bench:
 # limit_req without burst (learned, strict_spacing, a fixed guard), 0-40 ms
 # of network jitter, a quiet fixed-window vendor. Without -race, one
 # scenario at a time. A missing nginx fails the run. About 3 minutes.
-LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|NetworkJitter|QuietHost)'
+LEARN_RUNS := 'TestLearningSimulated|TestWorkersDrainAtTheRate|TestLong(ConvergesOnTheTrueLimit|StrictSpacing|SpacingVendorRetryAfter|NetworkJitter|QuietHost)'
 bench-learn:
 	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
 	$(GO) run ./bench -learn learn.txt -out docs -learn-command "make bench-learn"

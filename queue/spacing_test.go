@@ -170,6 +170,70 @@ func strictSpacing(t *testing.T, guard time.Duration, strict bool) outcome {
 	return o
 }
 
+// TestLongSpacingVendorRetryAfter runs 1,000 calls against nginx
+// limit_req at 100 r/s with no burst behind a front that sends
+// Retry-After: 1 with every 429 (which pauses every replica for a
+// second), three workers, shaper configured at 100/s: with nothing else
+// configured (the first refusal teaches that the vendor enforces spacing,
+// and costs its second), and with strict_spacing = true (no refusal to
+// learn from). It asserts safety only (checkRefusals) and logs the share
+// of the limit over the time the 1,000 calls took, from the first
+// request to the last one accepted.
+func TestLongSpacingVendorRetryAfter(t *testing.T) {
+	redistest.Long(t)
+	for _, strict := range []bool{false, true} {
+		label := "nothing but the rate configured"
+		if strict {
+			label = "strict_spacing = true"
+		}
+		t.Run(label, func(t *testing.T) {
+			ngx := nginxtest.StartWith(t, nginxtest.Options{Rate: 100, RetryAfter: 1})
+			e := newEnv(t)
+			name := "nginx-" + e.prefix[5:]
+			e.vendors = append(e.vendors, Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: ngx.URL, Timeout: 5 * time.Second},
+				Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 100, Window: time.Second}}, StrictSpacing: strict}})
+			c := e.newClient()
+			const calls = 1000
+			enqueueN(t, c, name, calls)
+			for range 3 {
+				e.startWorker(nil)
+			}
+			var reqs []nginxtest.Request
+			waitFor(t, 2*time.Minute, "1,000 calls accepted", func() bool {
+				var err error
+				if reqs, err = ngx.Requests(); err != nil {
+					t.Fatal(err)
+				}
+				ok := 0
+				for _, r := range reqs {
+					if r.Status < 300 {
+						ok++
+					}
+				}
+				return ok >= calls
+			})
+			var at []time.Time
+			var status []int
+			var last time.Time
+			for _, r := range reqs {
+				at, status = append(at, r.At), append(status, r.Status)
+				if r.Status < 300 {
+					last = r.At
+				}
+			}
+			run := last.Sub(at[0]) + 10*time.Millisecond // the last call's own tick
+			o := count(at, status, run)
+			st := e.stats(name)
+			t.Logf("nginx with Retry-After: 1: 429s at %v, each after the call accepted before it by %v; effective rate %.2f (%s: %s %s; guard %s)",
+				refusals(at, status), gapsBeforeRefusals(at, status), st.EffectiveRate, st.Source, st.RateReason, st.GuardReason, st.Guard)
+			t.Logf("nginx limit_req 100 r/s, no burst, Retry-After: 1, %s, 3 workers: 1,000 calls in %s, %.1f%% of the limit, %d refused (%.1f per 1,000 calls)",
+				label, run.Round(time.Millisecond), 100*o.share(run, 100), o.refused, o.refusedPerThousand())
+			learnReport(t, fmt.Sprintf("nginx limit_req 100 r/s, no burst, Retry-After: 1 on every 429, %s, 3 workers, 1,000 calls (guard at the end %s)", label, st.Guard), o, run, 100)
+			checkRefusals(t, o)
+		})
+	}
+}
+
 // TestNetworkJitter puts 0-40 ms of random delay per request in front of
 // a fixed-window and a sliding-log vendor at 100/s, shaper configured at
 // 100/s: a refusal at the full spacing widens the guard past the jitter
@@ -248,6 +312,22 @@ func refusals(at []time.Time, status []int) []string {
 	for i, x := range at {
 		if status[i] == http.StatusTooManyRequests {
 			out = append(out, x.Sub(at[0]).Round(time.Millisecond).String())
+		}
+	}
+	return out
+}
+
+// gapsBeforeRefusals lists, for each 429, how long after the last call
+// accepted before it it came: what a vendor that enforces spacing saw.
+func gapsBeforeRefusals(at []time.Time, status []int) []time.Duration {
+	var out []time.Duration
+	var last time.Time
+	for i, x := range at {
+		switch {
+		case status[i] == http.StatusTooManyRequests && !last.IsZero():
+			out = append(out, x.Sub(last))
+		case status[i] < 300:
+			last = x
 		}
 	}
 	return out

@@ -403,10 +403,10 @@ if adapted then
     interval, burst = math.max(interval, iv), b
   end
   -- A margin lesson in force (tol): calls stamp their starts (see
-  -- startLua), at least gap apart, as the full script says.
+  -- startLua), at least gap apart (see startGap).
   if tol > 0 and burst == 1 then
     local bare = spacing(rate or p.rate, 1, p.window)
-    gap = math.floor(bare + math.max(interval - bare, 0) / 2)
+    gap = math.floor(bare + math.max(interval - bare, 0) * 3 / 4) -- as startGap
   end
 end
 if hi_until > now then

@@ -99,7 +99,7 @@ var refusedKeyNames = []string{"control", "ticks", "limited", "stats", "gate"}
 // stats hash (refusedKeyNames); ARGV: refusedArgs. Returns {0, lesson,
 // pause left (µs)} within a rate lesson's cooldown; else {1 or 2 (within
 // a margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
-// ticks, lesson_tick, probe_at}.
+// ticks, lesson_tick, probe_at, paused_until}.
 const refusedLua = `
 local k_control = KEYS[1]
 local k_ticks = KEYS[2]
@@ -124,8 +124,8 @@ if a_tick_s ~= '0' then
 end
 redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
-local last_decrease, lesson, rate, guard, lo, lesson_tick, probe_at = unpack(redis.call('HMGET', k_control,
-  'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at'))
+local last_decrease, lesson, rate, guard, lo, lesson_tick, probe_at, paused_until = unpack(redis.call('HMGET', k_control,
+  'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at', 'paused_until'))
 -- last_decrease: when the last lesson was written (applyLua).
 local mode = 1
 if now - (tonumber(last_decrease) or 0) < a_cooldown then
@@ -139,7 +139,7 @@ end
 local ticks = redis.call('LRANGE', k_ticks, 0, -1)
 for i, item in ipairs(ticks) do ticks[i] = string.format('%d', tick_of(item)) end
 return {mode, lesson or '', rate or '', guard or '', lo or '', ticks,
-  redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or ''}
+  redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or '', paused_until or ''}
 `
 
 var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + lineFieldLua + refusedLua)
@@ -251,7 +251,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		}
 		return out, nil
 	}
-	if len(res) < 9 {
+	if len(res) < 10 {
 		return fail(fmt.Errorf("unexpected reply %v", res))
 	}
 	cfg := c.configured()
@@ -268,6 +268,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		guard: max(time.Duration(parseFloat(res[3], 0))*time.Microsecond, inForce), baseGuard: inForce,
 		jitter: jitter, inForce: out.InForce, lessonTick: int64(parseFloat(res[7], 0)), sinceMargin: mode == 2, strict: b.policy.StrictSpacing,
 		covered: inForce >= guardFor(a, tol, jitter, window), widened: widened, probeAt: int64(parseFloat(res[8], 0)),
+		pausedUntil: int64(parseFloat(res[9], 0)),
 	}
 	seen, _ := res[7].(string)
 	if e.tick == 0 && len(e.limited) > 0 {

@@ -225,6 +225,8 @@ type evidence struct {
 	// before the refused call started: its window was spaced by a
 	// narrower one, which the guard in force already covers.
 	widened bool
+	// pausedUntil: when the last pause ended (µs; 0: none).
+	pausedUntil int64
 	// probeAt: when a learned rate last stepped toward the largest
 	// limit consistent with what the vendor did (0: never).
 	probeAt int64
@@ -314,6 +316,15 @@ func (a Adapt) judge(e evidence) lesson {
 	// window explains is judged on lo: a window whose boundary fell
 	// mid-way looks like the full rate once.
 	recheck := fits && e.inForce == LessonMargin && e.tick-e.lessonTick < int64(a.Recheck)*w
+	if recheck && e.guard >= capGuard && e.pausedUntil > e.tick-w && e.pausedUntil > e.lessonTick &&
+		len(sortedWithin(e.limited, e.lessonTick+1, e.tick)) == 0 {
+		// Spacing learned (the margin at its cap), and the window
+		// before the refusal holds the lesson's pause: its count says
+		// nothing of a window limit. The first such refusal is left
+		// alone; a window vendor's next one, a window later, is judged
+		// on lo.
+		return lesson{lo: lo, hi: hi, spacing: true}
+	}
 	if recheck {
 		e.guard = e.baseGuard // the margin was not the answer
 	}

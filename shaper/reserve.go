@@ -827,11 +827,12 @@ if tiv > 0 then
 end
 -- A margin lesson in force (tol): the call stamps its start (see
 -- startLua), at least gap after the start before it, the spacing without
--- the guard and half the guard's share of the tick.
+-- the guard and three quarters of the guard's share of the tick
+-- (see startGap).
 local tol, gap = tonumber(ctl.tol) or 0, 0
 if tol > 0 and burst == 1 then
   local bare = spacing(rate or p.raise.cfg, burst, p.window)
-  gap = math.floor(bare + math.max(interval - bare, 0) / 2)
+  gap = math.floor(bare + math.max(interval - bare, 0) * 3 / 4) -- as startGap
 end
 return {GRANTED, tick - now, 0, tick, tol, known, gap}
 `

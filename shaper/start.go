@@ -16,9 +16,9 @@ import (
 // policy with StrictSpacing, or a margin lesson in force: refusals at the
 // full spacing) each call stamps its start in Redis just before it starts,
 // and waits first when the call before it started late: the least gap
-// between two starts is the spacing less half the guard's share of it
-// (startGap), so a late start moves the next one and lateness drains by
-// the other half at every call. It costs a second round trip per call, for
+// between two starts is the spacing less a quarter of the guard's share
+// of it (startGap), so a late start moves the next one and lateness
+// drains by that quarter at every call. It costs a second round trip per call, for
 // such buckets only.
 
 // startArgs is the start script's ARGV, in order (see startLua).
@@ -57,14 +57,16 @@ return at - now
 var startScript = redis.NewScript(nowFromLua + startLua)
 
 // startGap is the least gap between two starts for calls spaced iv
-// apart whose spacing without the guard is bare: half the guard's share
-// of a tick covers how differently two calls travel to the vendor after
-// their start, the other half lets a late start drain.
+// apart whose spacing without the guard is bare: three quarters of the
+// guard's share of a tick cover how differently two calls travel to the
+// vendor after their start (a goroutine woken late, a GC pause between
+// the stamp and the request written), the last quarter lets a late
+// start drain. The reserve scripts compute the same.
 func startGap(iv, bare time.Duration) time.Duration {
 	if iv <= bare {
 		return iv
 	}
-	return bare + (iv-bare)/2
+	return bare + (iv-bare)*3/4
 }
 
 // stampStart stamps the start of a call whose gap to the call before it

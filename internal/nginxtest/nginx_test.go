@@ -178,3 +178,31 @@ func TestStopLeavesNoProcess(t *testing.T) {
 		t.Fatalf("nginx left its pid file (%s) behind", strings.TrimSpace(string(pid)))
 	}
 }
+
+// TestRetryAfter: with RetryAfter set, every 429 carries it, and an
+// admitted request does not.
+func TestRetryAfter(t *testing.T) {
+	h := StartWith(t, Options{Rate: 1, RetryAfter: 1})
+	var limited int
+	for i := range 5 {
+		resp, err := http.Get(h.URL + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		ra := resp.Header.Get("Retry-After")
+		switch {
+		case resp.StatusCode == http.StatusOK && ra != "":
+			t.Errorf("request %d admitted with Retry-After %q", i, ra)
+		case resp.StatusCode == http.StatusTooManyRequests && ra != "1":
+			t.Errorf("request %d: 429 with Retry-After %q, want \"1\"", i, ra)
+		case resp.StatusCode == http.StatusTooManyRequests:
+			limited++
+		case resp.StatusCode != http.StatusOK:
+			t.Errorf("request %d: status %d, want 200 or 429", i, resp.StatusCode)
+		}
+	}
+	if limited == 0 {
+		t.Fatal("5 requests at once at 1/s: none refused")
+	}
+}

@@ -68,14 +68,32 @@ func missing(tb testing.TB, err error) {
 	tb.Fatalf("nginxtest: this test needs nginx (apt-get install nginx-light, or nginx): %v", err)
 }
 
-// Start runs nginx limiting all requests together to ratePerSecond
-// (limit_req_zone keyed by server name), with limit_req's burst and
-// nodelay when burst > 0 and no burst at all when burst is 0, and stops it
-// when the test ends. It waits until nginx accepts connections.
+// Options says how a test's nginx limits requests.
+type Options struct {
+	// Rate is limit_req's rate, requests per second, for all requests
+	// together (limit_req_zone keyed by server name).
+	Rate int
+	// Burst is limit_req's burst, with nodelay; 0: no burst at all.
+	Burst int
+	// RetryAfter, when positive, is sent as "Retry-After: N" (seconds)
+	// with every 429, as a front that adds it whatever the limit does
+	// (add_header ... always); 0: no Retry-After, as limit_req sends.
+	RetryAfter int
+}
+
+// Start runs nginx limiting all requests together to ratePerSecond,
+// with burst (see Options), and stops it when the test ends. It waits
+// until nginx accepts connections.
 func Start(tb testing.TB, ratePerSecond, burst int) *Harness {
 	tb.Helper()
-	if ratePerSecond <= 0 || burst < 0 {
-		tb.Fatalf("nginxtest: Start(rate %d, burst %d): the rate must be positive and the burst not negative", ratePerSecond, burst)
+	return StartWith(tb, Options{Rate: ratePerSecond, Burst: burst})
+}
+
+// StartWith is Start with every option.
+func StartWith(tb testing.TB, o Options) *Harness {
+	tb.Helper()
+	if o.Rate <= 0 || o.Burst < 0 || o.RetryAfter < 0 {
+		tb.Fatalf("nginxtest: Start(%+v): the rate must be positive, the burst and Retry-After not negative", o)
 	}
 	bin, err := binary()
 	if err != nil {
@@ -85,7 +103,7 @@ func Start(tb testing.TB, ratePerSecond, burst int) *Harness {
 	// A free port may be taken between finding it and nginx binding it:
 	// try a few.
 	for attempt := 1; ; attempt++ {
-		h, err := start(bin, tb.TempDir(), ratePerSecond, burst)
+		h, err := start(bin, tb.TempDir(), o)
 		if err == nil {
 			tb.Cleanup(h.stop)
 			return h
@@ -100,13 +118,13 @@ var errPortTaken = errors.New("nginxtest: port taken")
 
 // start writes the config into dir and starts nginx, returning once it
 // accepts connections.
-func start(bin, dir string, rate, burst int) (*Harness, error) {
+func start(bin, dir string, o Options) (*Harness, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(config(dir, port, rate, burst, os.Geteuid() == 0)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(config(dir, port, o, os.Geteuid() == 0)), 0o644); err != nil {
 		return nil, fmt.Errorf("nginxtest: write config: %w", err)
 	}
 	stderr, err := os.Create(filepath.Join(dir, "stderr.log"))
@@ -153,7 +171,7 @@ func start(bin, dir string, rate, burst int) (*Harness, error) {
 
 // config is nginx.conf for a server on port enforcing rate and burst,
 // everything it writes kept in dir.
-func config(dir string, port, rate, burst int, root bool) string {
+func config(dir string, port int, o Options, root bool) string {
 	var b strings.Builder
 	if root {
 		// As root nginx would run as nobody, who may not read the
@@ -162,8 +180,19 @@ func config(dir string, port, rate, burst int, root bool) string {
 	}
 	p := func(name string) string { return strconv.Quote(filepath.Join(dir, name)) }
 	limit := "limit_req zone=api;"
-	if burst > 0 {
-		limit = fmt.Sprintf("limit_req zone=api burst=%d nodelay;", burst)
+	if o.Burst > 0 {
+		limit = fmt.Sprintf("limit_req zone=api burst=%d nodelay;", o.Burst)
+	}
+	limited := "" // the 429's own location, for its Retry-After
+	if o.RetryAfter > 0 {
+		limit += "\n\t\t\terror_page 429 = @limited;"
+		limited = fmt.Sprintf(`
+		location @limited {
+			add_header Retry-After %d always;
+			default_type application/json;
+			return 429 '{"error":"rate limited"}';
+		}
+`, o.RetryAfter)
 	}
 	fmt.Fprintf(&b, `daemon off;
 master_process off;
@@ -206,11 +235,11 @@ http {
 			default_type application/json;
 			return 200 '{"ok":true}';
 		}
-	}
+%s	}
 }
 `, p("nginx.pid"), p("error.log"), p("access.log"), p("www"),
 		p("client_body_temp"), p("proxy_temp"), p("fastcgi_temp"), p("uwsgi_temp"), p("scgi_temp"),
-		rate, port, limit)
+		o.Rate, port, limit, limited)
 	return b.String()
 }
 

@@ -67,15 +67,16 @@ func TestBinarySearchesSbin(t *testing.T) {
 
 func TestConfig(t *testing.T) {
 	for _, tt := range []struct {
-		burst int
-		root  bool
-		want  []string
-		not   []string
+		burst, retryAfter int
+		root              bool
+		want              []string
+		not               []string
 	}{
-		{0, false, []string{"limit_req zone=api;", "rate=100r/s;"}, []string{"burst", "nodelay", "user "}},
-		{5, true, []string{"limit_req zone=api burst=5 nodelay;", "user root;"}, nil},
+		{0, 0, false, []string{"limit_req zone=api;", "rate=100r/s;"}, []string{"burst", "nodelay", "user ", "Retry-After", "@limited"}},
+		{5, 0, true, []string{"limit_req zone=api burst=5 nodelay;", "user root;"}, []string{"Retry-After"}},
+		{0, 1, false, []string{"error_page 429 = @limited;", "location @limited {", "add_header Retry-After 1 always;", "return 429 "}, nil},
 	} {
-		c := config("/tmp/x", 8080, 100, tt.burst, tt.root)
+		c := config("/tmp/x", 8080, Options{Rate: 100, Burst: tt.burst, RetryAfter: tt.retryAfter}, tt.root)
 		for _, s := range append(tt.want, "listen 127.0.0.1:8080;", "limit_req_status 429;", `access_log "/tmp/x/access.log" timed;`,
 			"daemon off;", "master_process off;", "limit_req_zone $server_name zone=api:1m") {
 			if !strings.Contains(c, s) {
