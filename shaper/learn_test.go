@@ -80,7 +80,16 @@ func TestJudge(t *testing.T) {
 				e.limited = append(e.limited, refusedAtFull-int64(i+1)*50_000)
 			}
 			return e
-		}, LessonRate, 90, 0},
+		}, LessonRate, 90, 25 * time.Millisecond}, // spacing was not the answer: the guard goes back to the base (x EdgeGrowth)
+		{"the margin at its cap with strict_spacing, refusals more than Tolerated: the rate, the guard kept", func() evidence {
+			e := base(100, atFull, refusedAtFull)
+			e.guard, e.strict = 100*time.Millisecond, true
+			e.inForce, e.lessonTick = LessonMargin, 100
+			for i := range 10 {
+				e.limited = append(e.limited, refusedAtFull-int64(i+1)*50_000)
+			}
+			return e
+		}, LessonRate, 90, 100 * time.Millisecond},
 		{"the margin at its cap, one refusal: left alone", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.guard = 100 * time.Millisecond

@@ -395,7 +395,11 @@ func (a Adapt) rateLesson(e evidence, to float64, lo, hi int, because string) le
 	if e.quiet > rate && e.quiet < e.rate {
 		rate = e.quiet
 	}
-	l := lesson{kind: LessonRate, rate: rate, guard: max(e.guard, time.Duration(float64(e.baseGuard)*a.EdgeGrowth)), lo: lo, hi: hi}
+	guard := e.guard
+	if capGuard := time.Duration(a.MaxMargin*float64(e.window)) * time.Microsecond; guard >= capGuard && !e.strict {
+		guard = e.baseGuard // spacing was learned, and was not the answer: the vendor counts calls
+	}
+	l := lesson{kind: LessonRate, rate: rate, guard: max(guard, time.Duration(float64(e.baseGuard)*a.EdgeGrowth)), lo: lo, hi: hi}
 	if est := min(hi, int(e.rate*a.MinCut)); float64(est) > rate+float64(a.Resolution) {
 		l.est = est
 	}
