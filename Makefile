@@ -73,7 +73,7 @@ test-race:
 # bench-learn collects them. About 7 minutes (409 s on a clean clone
 # here, 2026-12-03).
 LONG_PKGS := $(filter-out ./cmd/shaper/,$(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .))))
-UNRACED := 'TestLong(StrictSpacing|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor)'
+UNRACED := 'TestLong(StrictSpacing|SpacingVendorRetryAfter|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor)'
 test-long:
 	@$(MAKE) --no-print-directory test-long-cli > test-long-cli.txt 2>&1 & cli=$$!; \
 	echo "make test-long-cli (beside the next, its output below it)"; \
