@@ -122,6 +122,15 @@ func TestJudge(t *testing.T) {
 			e.widened, e.covered = true, true
 			return e
 		}, LessonNone, 0, 0},
+		{"a token bucket below the rate after a margin lesson: five refusals with seven calls accepted among them, the rate", func() evidence {
+			// 40/s from 0 (25 ms apart), a margin learned 200 ms before; a
+			// refusal every 45 ms since.
+			tick := int64(3*w + 200_000)
+			e := base(60, evenTicks(0, 25_000, int(tick/25_000)), tick)
+			e.inForce, e.lessonTick, e.sinceMargin, e.guard = LessonMargin, tick-200_000, true, 30*time.Millisecond
+			e.limited = []int64{tick, tick - 45_000, tick - 90_000, tick - 135_000, tick - 180_000}
+			return e
+		}, LessonRate, 40, 25 * time.Millisecond},
 		{"a vendor that enforces spacing, refusals go on at the widest margin: the rate", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.strict, e.guard = true, 100*time.Millisecond

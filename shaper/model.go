@@ -93,9 +93,11 @@ type Adapt struct {
 	// alone once a margin was learned; default 0.05.
 	Tolerated float64
 	// Escalate is how many refusals within a window of a margin lesson,
-	// with fewer calls accepted among them than that, make it a rate
-	// lesson after all (a window vendor refuses every call until its
-	// window ends, a token bucket every other one); default 5.
+	// with fewer than twice as many calls accepted among them, make it a
+	// rate lesson after all (a window vendor refuses every call until its
+	// window ends, a token bucket sent calls at 1.5 to 2 times its rate
+	// every third to every other one; a margin that answers leaves a
+	// refusal now and then among dozens accepted); default 5.
 	Escalate int
 	// Recheck is how many windows after a margin lesson a refusal at the
 	// full rate is judged on lo (a fixed window whose boundary fell
@@ -306,7 +308,7 @@ func (a Adapt) judge(e evidence) lesson {
 			return lesson{lo: lo, hi: hi}
 		}
 		from := recent[len(recent)-a.Escalate]
-		if slidingCount(e.ok, e.tick, e.tick-from) >= a.Escalate {
+		if slidingCount(e.ok, e.tick, e.tick-from) >= 2*a.Escalate {
 			return lesson{lo: lo, hi: hi}
 		}
 		e.guard = e.baseGuard // the margin was not the answer
