@@ -130,6 +130,13 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	defer b.gate.leave(b.name, l)
 	for {
 		b = b.gate.currentOf(l, b) // a respace after a policy change
+		if b.policy.MeasureGuard && b.meter.takeRespace() {
+			// The measured guard jumped (a jittery network seen at
+			// last): the ticks granted at the narrower one go.
+			if err := b.respaceLine(ctx); err != nil {
+				return nil, 0, err
+			}
+		}
 		var r reservation
 		var sent, recv time.Time
 		var err error

@@ -17,6 +17,7 @@ type meter struct {
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
 	widened    time.Time     // when guard last widened
+	respace    bool          // guard widened by MarginGrowth or more since takeRespace
 }
 
 // newMeter returns a meter on the record rec (nil: a record of its own).
@@ -35,6 +36,7 @@ type record struct {
 	mu        sync.Mutex
 	start     time.Time // of the current period
 	cur, prev measured
+	guard     time.Duration // the guard a handle of the group last put in force (0: none)
 }
 
 // lateStep is the resolution of a period's record of how late calls
@@ -109,6 +111,16 @@ func (m *meter) both() measured {
 	return out
 }
 
+// takeRespace reports, once, that the guard widened by MarginGrowth or
+// more: the ticks granted at the narrower one should be dropped.
+func (m *meter) takeRespace() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.respace
+	m.respace = false
+	return r
+}
+
 // widenedAt is when the guard in force last widened (zero: never).
 func (m *meter) widenedAt() time.Time {
 	m.mu.Lock()
@@ -139,9 +151,27 @@ func (m *meter) margin(a Adapt, window, from time.Duration, now time.Time) (guar
 	}
 	tol, g := chooseTolerance(a, s, window)
 	if g > m.guard || g < m.guard && now.Sub(m.changed) >= a.MeasurePeriod {
-		if prev := m.guard; g > prev && (prev > 0 || g > from) {
-			m.widened = now // (the first guard measured replaces from, the policy's)
+		prev := m.guard
+		if prev == 0 {
+			prev = from // the first guard measured replaces the policy's
 		}
+		if g > prev {
+			m.widened = now
+		}
+		// Up to Horizon of ticks were granted at the narrower guard: a
+		// jump as large as a margin lesson's restarts the line, as a
+		// margin lesson does (see takeRespace). Judged against the
+		// group's last guard, so that the handles a per-account vendor
+		// makes per call do not each respace.
+		r := m.rec
+		r.mu.Lock()
+		last := r.guard
+		if last == 0 {
+			last = from
+		}
+		m.respace = m.respace || float64(g) >= a.MarginGrowth*float64(last)
+		r.guard = g
+		r.mu.Unlock()
 		m.guard, m.changed = g, now
 	}
 	m.tol = min(tol, m.guard*3/4)

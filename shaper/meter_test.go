@@ -1,6 +1,7 @@
 package shaper
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -130,5 +131,68 @@ func TestGroupSharesMeasurements(t *testing.T) {
 	}
 	if _, _, guard, _ := alone.spacing(); guard != DefaultGuard {
 		t.Errorf("another group's handle: guard %s, want the default %s until it has measured", guard, DefaultGuard)
+	}
+}
+
+// TestMeasuredJumpRespaces: when the measured guard first covers a
+// jittery network (20 ms -> 45 ms, a jump of MarginGrowth or more), the
+// next caller restarts the bucket's line, so the ticks granted at the
+// narrower guard go: its tick comes a moment after now, not after the
+// second of ticks granted before. A new handle of the same group (a
+// per-account vendor makes one per call) does not respace again, nor
+// does a small widening. Virtual time: nothing sleeps.
+func TestMeasuredJumpRespaces(t *testing.T) {
+	ctx := context.Background()
+	clk := &redisClock{}
+	clk.set(1_800_000_000_000_000)
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), virtualClock{clk})
+	r.gate.testNow = clk.now
+	grp, err := r.gate.Group("jumpy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
+	a := p.Adapt.withDefaults()
+	b, err := grp.Bucket("store-1", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks := grantTicks(t, b, clk, 90) // most of a second of ticks, granted at the default guard
+	for i := range a.MeasureSamples {
+		b.observeLate(time.Millisecond)
+		b.ObserveRoundTrip(5*time.Millisecond + time.Duration(i%2)*40*time.Millisecond)
+	}
+	if _, _, guard, _ := b.spacing(); guard != 45*time.Millisecond {
+		t.Fatalf("guard %s, want 45ms (3 ms tolerance + 40 ms spread + 2 ms)", guard)
+	}
+	now := clk.now()
+	if last := time.Duration(ticks[len(ticks)-1]-now) * time.Microsecond; last < 800*time.Millisecond {
+		t.Fatalf("the last tick granted is %s after now, want most of a second", last)
+	}
+	pm, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := time.Duration(pm.at-now) * time.Microsecond; at > 300*time.Millisecond {
+		t.Errorf("the first call after the jump got the tick %s after now, want a moment after now (the line restarted; the ticks at 20 ms dropped)", at)
+	}
+	if b.meter.takeRespace() {
+		t.Error("the jump asked for a second respace")
+	}
+	fresh, err := grp.Bucket("store-2", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.spacing(); fresh.meter.takeRespace() {
+		t.Error("a new handle of the group asked for a respace at the guard already in force")
+	}
+	for i := range 4 * a.MeasureSamples { // 40 -> 44 ms of spread: a small widening
+		b.ObserveRoundTrip(5*time.Millisecond + time.Duration(i%2)*44*time.Millisecond)
+	}
+	if _, _, guard, _ := b.spacing(); guard != 49*time.Millisecond {
+		t.Fatalf("guard %s, want 49ms", guard)
+	}
+	if b.meter.takeRespace() {
+		t.Error("a widening by less than MarginGrowth asked for a respace")
 	}
 }

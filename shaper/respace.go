@@ -70,12 +70,19 @@ func (c *Control) Respace(ctx context.Context) error {
 	b := c.b
 	b.gen.Store(b.gate.edits.Add(1))
 	b.gate.supersede(b)
+	return b.respaceLine(ctx)
+}
+
+// respaceLine restarts the bucket's line a moment after now at the
+// spacing in force in this process (see respaceScript), and drops this
+// process's ticks granted before.
+func (b *Bucket) respaceLine(ctx context.Context) error {
 	iv, burst, _, _ := b.spacing()
 	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate}, b.gate.redisNow(),
 		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica,
 		fmt.Sprintf("%d|%d", iv.Microseconds(), burst)).Int64()
 	if err != nil {
-		return fmt.Errorf("shaper: respace %q: %w", b.name, err)
+		return fmt.Errorf("shaper: respace %q: %w", b.name, unavailable(ctx, err))
 	}
 	if n == 1 {
 		b.gate.noteRespace(b.name, b.gate.clock.Now())
