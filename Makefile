@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-idle bench-learn lint fuzz fuzz-short faults ui-screenshot
+.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -137,9 +137,14 @@ lint:
 # A short fuzz run of every parser, as CI runs it: a fixed number of
 # inputs (a time budget can end mid-input and fail with "context deadline
 # exceeded"), one worker each.
-fuzz-short:
+# Its two halves, the user's input (config, call files) and the
+# vendor's answers (paths, Retry-After, rate-limit headers), are targets
+# of their own so that CI can run them beside its other long steps.
+fuzz-short: fuzz-short-input fuzz-short-vendor
+fuzz-short-input:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 50000x -parallel 1 ./config
 	$(GO) test -run '^$$' -fuzz FuzzParseCalls -fuzztime 50000x -parallel 1 ./queue
+fuzz-short-vendor:
 	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 50000x -parallel 1 ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 50000x -parallel 1 ./vendorclients
 	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 50000x -parallel 1 ./vendorclients
