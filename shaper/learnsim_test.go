@@ -354,12 +354,16 @@ func TestLearningSimulated(t *testing.T) {
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, strict: true, seed: 4}, bar{share: 0.9, refused: 10, perMil: true})
 	// nginx limit_req without burst behind a front that sends
 	// Retry-After: 1 on every 429, which pauses every replica for a
-	// second: 1,000 calls' time (10 s), calls reaching it within 0.5 ms
-	// of their start.
+	// second: 1,000 calls' time (10 s), calls starting up to 1 ms after
+	// their tick and reaching it within 0.5 ms of their start. Spaced by
+	// their starts (stamped), a late start moves the next one: without
+	// it these rows gave 41.6% and 52.0%. With nothing but the rate
+	// configured, the first refusal and its second of pause cannot be
+	// avoided: about 82% at most (issue 29 asks 90%).
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, retryAfter: true, jitter: 500 * time.Microsecond, run: 10 * time.Second, seed: 7},
-		bar{share: 0.5, refused: 10, perMil: true, issue: 0.9})
+		bar{share: 0.8, refused: 10, perMil: true, issue: 0.9})
 	add(simScenario{kind: "spacing", limit: 100, configured: 100, retryAfter: true, strict: true, jitter: 500 * time.Microsecond, run: 10 * time.Second, seed: 7},
-		bar{share: 0.5, refused: 10, perMil: true, issue: 0.9})
+		bar{share: 0.9, refused: 10, perMil: true})
 	// A quiet host: the measured guard (the default) gives 99%; a fixed
 	// 20 ms one 98%.
 	add(simScenario{kind: "fixed", limit: 100, configured: 100, jitter: 3 * time.Millisecond, phase: 400 * time.Millisecond, seed: 5}, bar{share: 0.99, refused: 0})
