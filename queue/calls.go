@@ -36,7 +36,15 @@ const maxCallLine = 4 << 20
 // Blank lines are skipped. Every line is checked; all bad ones are
 // returned (as *LineError, joined), so that nothing is enqueued from a
 // file with a mistake in it.
-func ParseCalls(r io.Reader) ([]Call, error) {
+func ParseCalls(r io.Reader) ([]Call, error) { return parseCalls(r, false) }
+
+// ParseVendorCalls is ParseCalls for lines that each name their vendor
+// ("vendor", required), as the HTTP API takes them:
+//
+//	{"vendor":"acme","id":"order-1042","method":"POST","path":"/orders","body":{...}}
+func ParseVendorCalls(r io.Reader) ([]Call, error) { return parseCalls(r, true) }
+
+func parseCalls(r io.Reader, withVendor bool) ([]Call, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxCallLine)
 	var calls []Call
@@ -49,7 +57,7 @@ func ParseCalls(r io.Reader) ([]Call, error) {
 		if len(text) == 0 {
 			continue
 		}
-		call, err := parseCallLine(text)
+		call, err := parseCallLine(text, withVendor)
 		call.line = line
 		if err == nil && call.ID != "" {
 			if first, dup := seen[call.ID]; dup {
@@ -73,8 +81,9 @@ func ParseCalls(r io.Reader) ([]Call, error) {
 	return calls, errors.Join(errs...)
 }
 
-func parseCallLine(text []byte) (Call, error) {
+func parseCallLine(text []byte, withVendor bool) (Call, error) {
 	var j struct {
+		Vendor   *string           `json:"vendor"`
 		ID       *string           `json:"id"`
 		Account  *string           `json:"account"`
 		Method   *string           `json:"method"`
@@ -89,9 +98,19 @@ func parseCallLine(text []byte) (Call, error) {
 	if err := dec.Decode(&j); err != nil {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
-			msg += " (a call line has id, account, method, path, headers, body, cost and priority)"
+			if withVendor {
+				msg += " (a call has vendor, id, account, method, path, headers, body, cost and priority)"
+			} else {
+				msg += " (a call line has id, account, method, path, headers, body, cost and priority)"
+			}
 		}
 		return Call{}, fmt.Errorf("not a call object: %s", msg)
+	}
+	switch {
+	case withVendor && (j.Vendor == nil || *j.Vendor == ""):
+		return Call{}, errors.New(`"vendor" is required: the [vendors.NAME] table the call goes to, e.g. "vendor":"acme"`)
+	case !withVendor && j.Vendor != nil:
+		return Call{}, errors.New(`"vendor" is not part of a call line: the vendor is --vendor's`)
 	}
 	if dec.More() {
 		return Call{}, errors.New("more than one JSON value on the line")
@@ -100,6 +119,9 @@ func parseCallLine(text []byte) (Call, error) {
 		return Call{}, errors.New(`"path" is required, e.g. "path":"/orders"`)
 	}
 	c := Call{Path: *j.Path, Headers: j.Headers, Body: j.Body}
+	if withVendor {
+		c.Vendor = *j.Vendor
+	}
 	if j.ID != nil {
 		c.ID = *j.ID
 	}
@@ -130,3 +152,7 @@ func parseCallLine(text []byte) (Call, error) {
 	}
 	return c, nil
 }
+
+// LineOf is the line of a call file (ParseCalls, ParseVendorCalls) a
+// call came from; 0 for a call made otherwise.
+func LineOf(c Call) int { return c.line }

@@ -448,6 +448,12 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	return info, nil
 }
 
+// CheckCalls validates calls, all on vendor, as EnqueueBatch does before
+// it queues anything: every bad call is reported (as a *LineError when
+// it came from a call file), joined; an unknown vendor is
+// ErrUnknownVendor.
+func (c *Client) CheckCalls(vendor string, calls []Call) error { return c.checkCalls(vendor, calls) }
+
 // checkCalls validates calls, all on vendor, and reports every bad one
 // (as a *LineError when the call came from a call file), joined.
 func (c *Client) checkCalls(vendor string, calls []Call) error {

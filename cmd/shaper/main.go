@@ -29,7 +29,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("config", "config.toml", "config file")
-	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd(), newDemoCmd(), newStatsCmd(), newExplainCmd(), newUICmd())
+	root.AddCommand(newConfigCmd(), newWorkerCmd(), newEnqueueCmd(), newExportCmd(), newMockVendorCmd(), newDemoCmd(), newStatsCmd(), newExplainCmd(), newUICmd(), newServeCmd())
 	return root
 }
 

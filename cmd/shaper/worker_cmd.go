@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/api"
 	"github.com/shaper-dev/shaper/internal/metrics"
 	"github.com/shaper-dev/shaper/internal/ui"
 	"github.com/shaper-dev/shaper/queue"
@@ -25,7 +26,7 @@ import (
 )
 
 func newWorkerCmd() *cobra.Command {
-	var metricsAddr, uiAddr string
+	var metricsAddr, uiAddr, apiAddr, apiToken string
 	var allowEviction bool
 	var page uiFlags
 	cmd := &cobra.Command{
@@ -43,6 +44,14 @@ queue.`,
 			token := page.tokenOrEnv()
 			if uiAddr != "" {
 				if err := ui.CheckAddr("--ui-addr", uiAddr, token); err != nil {
+					return err
+				}
+			}
+			if apiToken == "" {
+				apiToken = os.Getenv("SHAPER_API_TOKEN")
+			}
+			if apiAddr != "" {
+				if err := api.CheckAddr("--api-addr", apiAddr, apiToken); err != nil {
 					return err
 				}
 			}
@@ -107,6 +116,15 @@ queue.`,
 				defer stopPage()
 				applied = src.SetConfig
 			}
+			if apiAddr != "" {
+				qc := queue.NewClient(rdb, cfg.ClientConfig())
+				defer qc.Close()
+				stopAPI, err := startAPI(apiAddr, api.Options{Client: qc, Token: apiToken}, log)
+				if err != nil {
+					return err
+				}
+				defer stopAPI()
+			}
 			// SIGHUP asks for a reload; caught for the command's whole run,
 			// so that a SIGHUP during the shutdown cannot end the process.
 			hup := make(chan os.Signal, 1)
@@ -118,6 +136,8 @@ queue.`,
 	}
 	cmd.Flags().BoolVar(&allowEviction, "allow-eviction", false, "run even when Redis's maxmemory-policy may evict queued calls (allkeys-*)")
 	cmd.Flags().StringVar(&uiAddr, "ui-addr", "", "serve the live page on this address (off by default; see shaper ui)")
+	cmd.Flags().StringVar(&apiAddr, "api-addr", "", "serve the HTTP API on this address (off by default; see shaper serve)")
+	cmd.Flags().StringVar(&apiToken, "api-token", "", "the API's token, required on a non-loopback --api-addr (default $SHAPER_API_TOKEN)")
 	page.add(cmd)
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address (off by default; :0 picks a free port)")
 	return cmd

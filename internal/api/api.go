@@ -1,0 +1,313 @@
+// Package api is shaper's HTTP API, for services in any language: POST
+// calls to queue them (one JSON call, or NDJSON of many), GET one to
+// follow it, optionally holding the request until it ends. It calls
+// queue.Client and adds nothing to the gate.
+//
+// Every answer is JSON. A refusal says what to fix: {"error": "..."},
+// with "lines" for the calls of a body that are wrong (nothing of such a
+// body is queued).
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shaper-dev/shaper/queue"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxBody = 8 << 20
+	DefaultMaxWait = time.Minute
+	defaultPoll    = 20 * time.Millisecond
+)
+
+// Options configure the API.
+type Options struct {
+	// Client queues and explains calls.
+	Client *queue.Client
+	// Token, when set, is the bearer token every request must carry
+	// (Authorization: Bearer TOKEN), compared in constant time. Serve
+	// without one on a loopback address only (ui.CheckAddr).
+	Token string
+	// MaxBody bounds a POST's body (413 above); default DefaultMaxBody.
+	MaxBody int64
+	// MaxWait bounds GET's ?wait=; default DefaultMaxWait.
+	MaxWait time.Duration
+	// Poll is how often a waiting GET looks at its call; default 20 ms.
+	Poll time.Duration
+}
+
+type server struct{ o Options }
+
+// New returns the API's handler.
+func New(o Options) http.Handler {
+	if o.MaxBody <= 0 {
+		o.MaxBody = DefaultMaxBody
+	}
+	if o.MaxWait <= 0 {
+		o.MaxWait = DefaultMaxWait
+	}
+	if o.Poll <= 0 {
+		o.Poll = defaultPoll
+	}
+	s := &server{o: o}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/calls", s.post)
+	mux.HandleFunc("GET /v1/calls/{id}", s.get)
+	return s.auth(mux)
+}
+
+// auth refuses a request without the token, when one is set.
+func (s *server) auth(next http.Handler) http.Handler {
+	if s.o.Token == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.o.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="shaper"`)
+			writeError(w, http.StatusUnauthorized, "this API needs its token: send Authorization: Bearer TOKEN (the token given to --api-token or SHAPER_API_TOKEN)", nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// lineError is one bad call of a body, by its line (1 for a single JSON
+// call).
+type lineError struct {
+	Line  int    `json:"line"`
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string, lines []lineError) {
+	writeJSON(w, status, struct {
+		Error string      `json:"error"`
+		Lines []lineError `json:"lines,omitempty"`
+	}{msg, lines})
+}
+
+// Accepted is POST /v1/calls's answer: the id of every call of the body,
+// in its order (an id already queued answers with that call), and how many
+// were queued now.
+type Accepted struct {
+	IDs           []string `json:"ids"`
+	Enqueued      int      `json:"enqueued"`
+	AlreadyQueued int      `json:"already_queued"`
+}
+
+// post queues the calls of the body: one JSON call (application/json), or
+// NDJSON of many (application/x-ndjson), each naming its vendor. Every
+// call is checked first; a body with a bad one queues nothing.
+func (s *server) post(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes: send the calls in several requests", s.o.MaxBody), nil)
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error(), nil)
+		return
+	}
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch ct {
+	case "application/x-ndjson":
+	case "application/json", "":
+		// One call, perhaps over several lines: the same checks as a
+		// call line once it is on one.
+		var one bytes.Buffer
+		if err := json.Compact(&one, body); err != nil {
+			writeError(w, http.StatusBadRequest, "the body is not JSON: "+err.Error()+" (one call as a JSON object, or NDJSON of many with Content-Type: application/x-ndjson)", nil)
+			return
+		}
+		body = one.Bytes()
+	default:
+		writeError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: send application/json (one call) or application/x-ndjson (one call per line)", ct), nil)
+		return
+	}
+	calls, err := queue.ParseVendorCalls(bytes.NewReader(body))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad calls: nothing was queued", lines(err))
+		return
+	}
+	if len(calls) == 0 {
+		writeError(w, http.StatusBadRequest, "no call in the body", nil)
+		return
+	}
+	res, status, msg, bad := s.enqueue(r.Context(), calls)
+	if status != http.StatusAccepted {
+		if status == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeError(w, status, msg, bad)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, res)
+}
+
+// enqueue checks every call, then every vendor's room, then queues them
+// vendor by vendor: nothing is queued unless every check passed.
+func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int, string, []lineError) {
+	c := s.o.Client
+	var order []string
+	byVendor := map[string][]queue.Call{}
+	for _, call := range calls {
+		if _, seen := byVendor[call.Vendor]; !seen {
+			order = append(order, call.Vendor)
+		}
+		byVendor[call.Vendor] = append(byVendor[call.Vendor], call)
+	}
+	var bad []lineError
+	for _, v := range order {
+		err := c.CheckCalls(v, byVendor[v])
+		if errors.Is(err, queue.ErrUnknownVendor) {
+			for _, call := range byVendor[v] {
+				bad = append(bad, lineError{Line: queue.LineOf(call), Error: fmt.Sprintf("unknown vendor %q: name a [vendors.NAME] table of the config", v)})
+			}
+			continue
+		}
+		bad = append(bad, lines(err)...)
+	}
+	if len(bad) > 0 {
+		return Accepted{}, http.StatusBadRequest, "bad calls: nothing was queued", bad
+	}
+	for _, v := range order {
+		if err := c.Room(ctx, v, len(byVendor[v])); errors.Is(err, queue.ErrQueueFull) {
+			return Accepted{}, http.StatusTooManyRequests, err.Error() + ": nothing was queued; try again when it has drained", nil
+		} else if err != nil {
+			return Accepted{}, http.StatusServiceUnavailable, err.Error(), nil
+		}
+	}
+	var out Accepted
+	ids := map[string][]string{} // per vendor, the ids EnqueueBatch made, in order
+	for _, v := range order {
+		res, err := c.EnqueueBatch(ctx, v, byVendor[v])
+		if err != nil {
+			return Accepted{}, http.StatusServiceUnavailable, err.Error(), nil
+		}
+		out.Enqueued += res.Enqueued
+		out.AlreadyQueued += res.AlreadyQueued
+		ids[v] = res.IDs
+	}
+	for _, call := range calls {
+		if call.ID != "" {
+			out.IDs = append(out.IDs, call.ID)
+			if made := ids[call.Vendor]; len(made) > 0 && made[0] == call.ID {
+				ids[call.Vendor] = made[1:]
+			}
+			continue
+		}
+		if made := ids[call.Vendor]; len(made) > 0 {
+			out.IDs = append(out.IDs, made[0])
+			ids[call.Vendor] = made[1:]
+		}
+	}
+	return out, http.StatusAccepted, "", nil
+}
+
+// lines lists the bad calls in err (a join of *queue.LineError).
+func lines(err error) []lineError {
+	if err == nil {
+		return nil
+	}
+	var out []lineError
+	for _, e := range unjoin(err) {
+		var le *queue.LineError
+		if errors.As(e, &le) {
+			out = append(out, lineError{Line: le.Line, Error: le.Err.Error()})
+		} else {
+			out = append(out, lineError{Error: e.Error()})
+		}
+	}
+	return out
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// get answers what a call waits for, or how it ended (queue.Explanation).
+// With ?wait=D (at most MaxWait), it holds the request until the call
+// ends or D has passed.
+func (s *server) get(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var wait time.Duration
+	if q := r.URL.Query().Get("wait"); q != "" {
+		d, err := time.ParseDuration(q)
+		if err != nil || d < 0 {
+			if n, nerr := strconv.ParseFloat(q, 64); nerr == nil && n >= 0 && !math.IsInf(n, 0) {
+				d, err = time.Duration(n*float64(time.Second)), nil
+			}
+		}
+		if err != nil || d < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("wait=%q: a duration such as 30s, or seconds", q), nil)
+			return
+		}
+		wait = min(d, s.o.MaxWait)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		e, err := s.o.Client.Explain(r.Context(), id)
+		switch {
+		case errors.Is(err, queue.ErrNoTask):
+			writeError(w, http.StatusNotFound, err.Error(), nil)
+			return
+		case err != nil:
+			writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
+			return
+		}
+		if ended(e) || !time.Now().Add(s.o.Poll).Before(deadline) {
+			writeJSON(w, http.StatusOK, e)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(s.o.Poll):
+		}
+	}
+}
+
+// ended reports whether the call finished: completed, or archived after
+// its retries.
+func ended(e queue.Explanation) bool {
+	return e.State == "completed" || e.State == "archived" || strings.EqualFold(e.Binding, queue.BindDone)
+}
+
+// CheckAddr refuses to serve the API on addr without a token unless addr
+// is a loopback address: anyone who reaches it could queue calls with the
+// vendors' credentials. flag names the flag that set addr, for the error.
+func CheckAddr(flag, addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q: %v (want HOST:PORT, e.g. 127.0.0.1:8081)", flag, addr, err)
+	}
+	if ip := net.ParseIP(host); token != "" || host == "localhost" || ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%s %s is not a loopback address, and the API queues calls with your vendors' credentials for anyone who reaches it: "+
+		"set a token with --api-token or SHAPER_API_TOKEN (every request must then send Authorization: Bearer TOKEN), or bind 127.0.0.1", flag, addr)
+}

@@ -1,0 +1,250 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/internal/redistest"
+	"github.com/shaper-dev/shaper/queue"
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// vendor is a real HTTP vendor that answers 200 and counts each
+// Idempotency-Key.
+type vendor struct {
+	mu   sync.Mutex
+	keys map[string]int
+	srv  *httptest.Server
+}
+
+func newVendor(t *testing.T) *vendor {
+	v := &vendor{keys: map[string]int{}}
+	v.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v.mu.Lock()
+		v.keys[r.Header.Get("Idempotency-Key")]++
+		v.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	t.Cleanup(v.srv.Close)
+	return v
+}
+
+// setup is an API on a real Redis, for one vendor (at rate/s, queue_limit
+// limit) and, when work, a worker that runs its calls until the test ends.
+type setup struct {
+	url    string
+	vendor string
+	client *queue.Client
+	v      *vendor
+}
+
+func newSetup(t *testing.T, o Options, limit int, work bool) setup {
+	t.Helper()
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	v := newVendor(t)
+	name := "api-" + strings.ReplaceAll(prefix, ":", "-")
+	vend := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: v.srv.URL, Timeout: 5 * time.Second},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 200, Window: time.Second}}}, QueueLimit: limit}
+	c := queue.NewClient(rdb, queue.ClientConfig{Vendors: []queue.Vendor{vend}, KeyPrefix: prefix})
+	t.Cleanup(func() { _ = c.Close() })
+	if work {
+		w, err := queue.NewWorker(rdb, queue.WorkerConfig{Vendors: []queue.Vendor{vend}, KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	o.Client = c
+	srv := httptest.NewServer(New(o))
+	t.Cleanup(srv.Close)
+	return setup{url: srv.URL, vendor: name, client: c, v: v}
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func do(t *testing.T, method, url, ctype, token string, body []byte) answer {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{resp.StatusCode, resp.Header, b}
+}
+
+func ndjson(vendor string, ids ...string) []byte {
+	var b bytes.Buffer
+	for _, id := range ids {
+		fmt.Fprintf(&b, `{"vendor":%q,"id":%q,"path":"/orders/%s"}`+"\n", vendor, id, id)
+	}
+	return b.Bytes()
+}
+
+// TestPostAndFollow: NDJSON of 50 calls is queued (202, the ids in their
+// order); posting it again queues nothing and answers the same ids; a
+// call without an id gets one; GET ?wait= holds until a call has ended
+// and says how (completed, the vendor's status); the vendor saw every
+// call once.
+func TestPostAndFollow(t *testing.T) {
+	s := newSetup(t, Options{}, 1000, true)
+	var ids []string
+	for i := range 50 {
+		ids = append(ids, fmt.Sprintf("order-%d", i))
+	}
+	body := ndjson(s.vendor, ids...)
+	for round, wantNew := range []int{50, 0} {
+		a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", body)
+		if a.status != http.StatusAccepted {
+			t.Fatalf("POST %d: %d %s", round+1, a.status, a.body)
+		}
+		var acc Accepted
+		if err := json.Unmarshal(a.body, &acc); err != nil {
+			t.Fatal(err)
+		}
+		if acc.Enqueued != wantNew || acc.AlreadyQueued != 50-wantNew || strings.Join(acc.IDs, ",") != strings.Join(ids, ",") {
+			t.Fatalf("POST %d: %+v, want %d queued and the ids in order", round+1, acc, wantNew)
+		}
+	}
+	one := do(t, "POST", s.url+"/v1/calls", "application/json", "", []byte(fmt.Sprintf("{\n  \"vendor\": %q,\n  \"path\": \"/ping\"\n}", s.vendor)))
+	var acc Accepted
+	if err := json.Unmarshal(one.body, &acc); one.status != http.StatusAccepted || err != nil || len(acc.IDs) != 1 || acc.IDs[0] == "" {
+		t.Fatalf("one call without an id: %d %s", one.status, one.body)
+	}
+	last := do(t, "GET", s.url+"/v1/calls/"+ids[49]+"?wait=30s", "", "", nil)
+	var e queue.Explanation
+	if err := json.Unmarshal(last.body, &e); last.status != http.StatusOK || err != nil {
+		t.Fatalf("GET: %d %s", last.status, last.body)
+	}
+	if e.State != "completed" || e.Status != http.StatusOK || e.TaskID != ids[49] {
+		t.Fatalf("GET ?wait=30s: %+v, want completed with the vendor's 200", e)
+	}
+	for _, id := range ids[:49] { // each ended, in whatever order the workers took them
+		var e queue.Explanation
+		if a := do(t, "GET", s.url+"/v1/calls/"+id+"?wait=30s", "", "", nil); json.Unmarshal(a.body, &e) != nil || e.State != "completed" {
+			t.Fatalf("GET %s ?wait=30s: %d %s", id, a.status, a.body)
+		}
+	}
+	s.v.mu.Lock()
+	defer s.v.mu.Unlock()
+	for _, id := range ids {
+		if n := s.v.keys[id]; n != 1 {
+			t.Errorf("the vendor saw %s %d times, want once", id, n)
+		}
+	}
+}
+
+// TestRefusals: what the API refuses and how it says so; nothing of a
+// refused body is queued.
+func TestRefusals(t *testing.T) {
+	s := newSetup(t, Options{MaxBody: 4096}, 3, false)
+	for _, tc := range []struct {
+		name, ctype string
+		body        []byte
+		status      int
+		says        string
+		line        int // a line the answer names (0: none)
+	}{
+		{"not JSON", "application/json", []byte(`{"vendor":`), http.StatusBadRequest, "not JSON", 0},
+		{"an unknown vendor", "application/json", []byte(`{"vendor":"nope","path":"/x"}`), http.StatusBadRequest, `unknown vendor "nope"`, 1},
+		{"a line without its path", "application/x-ndjson",
+			[]byte(fmt.Sprintf("{\"vendor\":%q,\"path\":\"/a\"}\n{\"vendor\":%q}\n", s.vendor, s.vendor)), http.StatusBadRequest, `"path" is required`, 2},
+		{"a line without its vendor", "application/x-ndjson", []byte(`{"path":"/a"}`), http.StatusBadRequest, `"vendor" is required`, 1},
+		{"a body too large", "application/x-ndjson", bytes.Repeat(ndjson(s.vendor, "x"), 200), http.StatusRequestEntityTooLarge, "larger than 4096 bytes", 0},
+		{"another media type", "text/plain", []byte("hi"), http.StatusUnsupportedMediaType, "application/x-ndjson", 0},
+		{"more calls than the queue holds", "application/x-ndjson", ndjson(s.vendor, "a", "b", "c", "d"), http.StatusTooManyRequests, "full", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := do(t, "POST", s.url+"/v1/calls", tc.ctype, "", tc.body)
+			var refusal struct {
+				Error string      `json:"error"`
+				Lines []lineError `json:"lines"`
+			}
+			if err := json.Unmarshal(a.body, &refusal); err != nil {
+				t.Fatalf("%d %s: not a JSON refusal: %v", a.status, a.body, err)
+			}
+			said := refusal.Error
+			named := false
+			for _, l := range refusal.Lines {
+				said += "; " + l.Error
+				named = named || l.Line == tc.line
+			}
+			if a.status != tc.status || !strings.Contains(said, tc.says) {
+				t.Fatalf("%d %s, want %d saying %q", a.status, a.body, tc.status, tc.says)
+			}
+			if tc.line > 0 && !named {
+				t.Errorf("%s does not name line %d", a.body, tc.line)
+			}
+			if tc.status == http.StatusTooManyRequests && a.header.Get("Retry-After") == "" {
+				t.Error("a full queue's 429 without Retry-After")
+			}
+		})
+	}
+	if n, err := s.client.Waiting(context.Background(), s.vendor); err != nil || n != 0 {
+		t.Fatalf("%d calls waiting after refused bodies (%v), want 0", n, err)
+	}
+	if a := do(t, "GET", s.url+"/v1/calls/never-queued", "", "", nil); a.status != http.StatusNotFound {
+		t.Errorf("GET an unknown id: %d %s, want 404", a.status, a.body)
+	}
+	if a := do(t, "GET", s.url+"/v1/calls/x?wait=soon", "", "", nil); a.status != http.StatusBadRequest || !bytes.Contains(a.body, []byte("30s")) {
+		t.Errorf("GET ?wait=soon: %d %s, want 400 saying how to write it", a.status, a.body)
+	}
+}
+
+// TestToken: with a token, a request without it or with another is 401
+// and queues nothing; with it, it is served.
+func TestToken(t *testing.T) {
+	s := newSetup(t, Options{Token: "s3cret"}, 10, false)
+	body := ndjson(s.vendor, "t-1")
+	for _, tok := range []string{"", "wrong"} {
+		if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", tok, body); a.status != http.StatusUnauthorized || a.header.Get("WWW-Authenticate") == "" {
+			t.Errorf("token %q: %d %s, want 401 with WWW-Authenticate", tok, a.status, a.body)
+		}
+	}
+	if n, _ := s.client.Waiting(context.Background(), s.vendor); n != 0 {
+		t.Fatalf("%d calls queued by unauthorized requests", n)
+	}
+	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "s3cret", body); a.status != http.StatusAccepted {
+		t.Errorf("with the token: %d %s, want 202", a.status, a.body)
+	}
+}
