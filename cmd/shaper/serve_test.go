@@ -95,9 +95,10 @@ rate = 20
 	if err != nil {
 		t.Fatal(err)
 	}
+	posted, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("POST to the worker's API: %d, want 202", resp.StatusCode)
+		t.Fatalf("POST to the worker's API at %s: %d %s, want 202; the worker's log:\n%s", url, resp.StatusCode, posted, out)
 	}
 	resp, err = http.Get(strings.TrimSuffix(url, "/v1/calls") + "/v1/calls/" + p + "-1?wait=20s")
 	if err != nil {
@@ -106,7 +107,7 @@ rate = 20
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if !strings.Contains(string(b), `"state":"completed"`) {
-		t.Errorf("GET ?wait=20s from the worker that ran it: %d %s, want completed", resp.StatusCode, b)
+		t.Errorf("GET ?wait=20s from the worker that ran it: %d %s, want completed; the worker's log:\n%s", resp.StatusCode, b, out)
 	}
 	if o, err := runShaper(t, "", "worker", "--config", cfg, "--api-addr", "0.0.0.0:0"); err == nil || !strings.Contains(o, "--api-token") {
 		t.Errorf("worker --api-addr 0.0.0.0:0 without a token: %v\n%s, want it refused naming --api-token", err, o)
