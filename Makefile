@@ -139,7 +139,7 @@ lint:
 # exceeded"), one worker each.
 # Its two halves, the user's input (config, call files) and the
 # vendor's answers (paths, Retry-After, rate-limit headers), are targets
-# of their own too.
+# of their own so that CI can run them beside its other long steps.
 fuzz-short: fuzz-short-input fuzz-short-vendor
 fuzz-short-input:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 50000x -parallel 1 ./config
