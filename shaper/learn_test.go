@@ -72,6 +72,20 @@ func TestJudge(t *testing.T) {
 			e.limited = []int64{refusedAtFull, refusedAtFull - 2*w}
 			return e
 		}, LessonRate, 90, 0},
+		{"spacing learned, the first refusal in a window that holds the lesson's pause: left alone", func() evidence {
+			e := base(100, atFull, refusedAtFull)
+			e.inForce, e.lessonTick, e.guard = LessonMargin, refusedAtFull-2*w, 100*time.Millisecond
+			e.limited = []int64{refusedAtFull, refusedAtFull - 2*w}
+			e.pausedUntil = refusedAtFull - w/2
+			return e
+		}, LessonNone, 0, 0},
+		{"spacing learned, a second refusal since the lesson in a window that holds its pause: judged on lo", func() evidence {
+			e := base(100, atFull, refusedAtFull)
+			e.inForce, e.lessonTick, e.guard = LessonMargin, refusedAtFull-2*w, 100*time.Millisecond
+			e.limited = []int64{refusedAtFull, refusedAtFull - w, refusedAtFull - 2*w}
+			e.pausedUntil = refusedAtFull - w/2
+			return e
+		}, LessonRate, 90, 25 * time.Millisecond},
 		{"the margin at its cap, refusals more than Tolerated: the rate", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.guard = 100 * time.Millisecond
