@@ -128,16 +128,25 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	if st.NextTick > w.cfg.MaxWait {
 		return nil
 	}
-	n, err := w.rdb.Del(ctx, key).Result()
-	problems.check("unpausing the vendor's queue", err)
-	if err != nil || n == 0 {
-		return err // another replica unpaused it
-	}
+	// The asynq queues first, then the mark: a queue paused without its
+	// mark would never be unpaused (a failover that refused the second
+	// write left 1,713 calls pending for good). A pause (pauseQueue)
+	// marks first, with SETNX, so a replica pausing anew while this one
+	// unpauses either fails to mark (and pauses nothing) or marks after
+	// the mark is gone. Deleting asynq's paused key is UnpauseQueue
+	// without its error for a queue already unpaused (replicas may do
+	// this side by side).
 	for _, q := range pausedQueues(rt, lanes) {
-		if err := w.insp.UnpauseQueue(q); err != nil {
-			w.log.Warn("could not unpause the vendor's queue", "vendor", rt.vendor.Name, "queue", q, "err", err)
-			return err
+		if err = w.rdb.Del(ctx, asynqKey(q, "paused")).Err(); err != nil { // one key a call: each queue has a hash tag of its own
+			break
 		}
+	}
+	if err == nil {
+		err = w.rdb.Del(ctx, key).Err()
+	}
+	problems.check("unpausing the vendor's queue", err)
+	if err != nil {
+		return err // the mark stays: the next round tries again
 	}
 	// Debug: while a backlog lasts this comes every few ticks; waits
 	// says when the backlog begins and ends.
