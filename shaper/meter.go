@@ -16,8 +16,8 @@ type meter struct {
 	mu         sync.Mutex
 	guard, tol time.Duration // in force (0: not measured yet)
 	changed    time.Time     // when guard last narrowed or widened
-	widened    time.Time     // when guard last widened
-	respace    bool          // guard widened by MarginGrowth or more since takeRespace
+	widened    time.Time     // when guard last jumped (widened by MarginGrowth or more)
+	respace    bool          // guard jumped since takeRespace
 }
 
 // newMeter returns a meter on the record rec (nil: a record of its own).
@@ -121,7 +121,8 @@ func (m *meter) takeRespace() bool {
 	return r
 }
 
-// widenedAt is when the guard in force last widened (zero: never).
+// widenedAt is when the guard in force last jumped, widening by
+// MarginGrowth or more (zero: never).
 func (m *meter) widenedAt() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -155,21 +156,23 @@ func (m *meter) margin(a Adapt, window, from time.Duration, now time.Time) (guar
 		if prev == 0 {
 			prev = from // the first guard measured replaces the policy's
 		}
-		if g > prev {
-			m.widened = now
-		}
 		// Up to Horizon of ticks were granted at the narrower guard: a
 		// jump as large as a margin lesson's restarts the line, as a
-		// margin lesson does (see takeRespace). Judged against the
+		// margin lesson does (see takeRespace), and refusals of calls
+		// spaced before it teach nothing (widenedAt). Judged against the
 		// group's last guard, so that the handles a per-account vendor
-		// makes per call do not each respace.
+		// makes per call do not each respace. (A smaller widening, a
+		// millisecond of spread, is no reason to ignore a refusal: a
+		// window vendor's would go unheard until its window ends.)
 		r := m.rec
 		r.mu.Lock()
 		last := r.guard
 		if last == 0 {
 			last = from
 		}
-		m.respace = m.respace || float64(g) >= a.MarginGrowth*float64(last)
+		if g > prev && float64(g) >= a.MarginGrowth*float64(last) {
+			m.respace, m.widened = true, now
+		}
 		r.guard = g
 		r.mu.Unlock()
 		m.guard, m.changed = g, now

@@ -223,9 +223,10 @@ type evidence struct {
 	// round trips' spread measured (jitter cannot explain a refusal at
 	// the full spacing: the vendor enforces spacing).
 	covered bool
-	// widened: the measured guard widened less than a window (+ guard)
-	// before the refused call started: its window was spaced by a
-	// narrower one, which the guard in force already covers.
+	// widened: the measured guard jumped (by MarginGrowth or more) less
+	// than a window (+ guard) before the refused call started: its
+	// window was spaced by a far narrower one, which the guard in force
+	// already covers.
 	widened bool
 	// pausedUntil: when the last pause ended (µs; 0: none).
 	pausedUntil int64
