@@ -40,9 +40,13 @@ const (
 // Config is a validated config file.
 type Config struct {
 	// Path is the file the config was read from.
-	Path    string
-	Redis   Redis
-	Worker  Worker
+	Path   string
+	Redis  Redis
+	Worker Worker
+	// Callbacks is the [callbacks] table (off when absent).
+	Callbacks Callbacks
+	// Tracing is the [tracing] table (off when absent).
+	Tracing Tracing
 	Vendors []Vendor // sorted by name
 }
 

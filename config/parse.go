@@ -28,7 +28,7 @@ var (
 		"per_account", "account_overrides", "total"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window", "spread"}
-	topKeys    = []string{"redis", "worker", "vendors"}
+	topKeys    = []string{"redis", "worker", "callbacks", "tracing", "vendors"}
 )
 
 // parser collects every problem of one file.
@@ -55,6 +55,8 @@ func (p *parser) config(raw map[string]any) *Config {
 		p.errorf("worker", "", "[worker] must be a table")
 	}
 	cfg.Worker = p.worker()
+	cfg.Callbacks = p.callbacks(raw)
+	cfg.Tracing = p.tracing(raw)
 	vendors, _ := raw["vendors"].(map[string]any)
 	if _, present := raw["vendors"]; present && vendors == nil {
 		p.errorf("vendors", "", "vendors must be tables like [vendors.acme]")

@@ -33,7 +33,7 @@ func (v Vendor) Queue() queue.Vendor {
 // ClientConfig returns the config of a queue client (enqueueing).
 func (c *Config) ClientConfig() queue.ClientConfig {
 	cc := queue.ClientConfig{MaxRetry: c.Worker.MaxRetry, Retention: c.Worker.Retention,
-		WaitReplicas: c.Redis.WaitReplicas, WaitTimeout: c.Redis.WaitTimeout}
+		WaitReplicas: c.Redis.WaitReplicas, WaitTimeout: c.Redis.WaitTimeout, CallbackAllow: c.Callbacks.Allow}
 	for _, v := range c.Vendors {
 		cc.Vendors = append(cc.Vendors, v.Queue())
 	}
@@ -49,6 +49,11 @@ func (c *Config) WorkerConfig() (queue.WorkerConfig, error) {
 		ShutdownTimeout: c.Worker.ShutdownTimeout,
 		Retention:       c.Worker.Retention,
 	}
+	cb, err := c.Callbacks.Expand()
+	if err != nil {
+		return wc, err
+	}
+	wc.Callbacks = cb
 	for _, v := range c.Vendors {
 		qv := v.Queue()
 		headers, err := v.ExpandHeaders()

@@ -36,9 +36,11 @@ type CallResult struct {
 // runs so that handlers registered at any time serve every vendor,
 // including vendors added by a reload.
 func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
-	return func(ctx context.Context, t *asynq.Task) error {
+	return func(ctx context.Context, t *asynq.Task) (err error) {
 		// However the task ended, asynq must be able to record it.
 		defer w.health.await(ctx, awaitRedis)
+		ctx, run := w.startRun(ctx, rt, t)
+		defer func() { run.end(ctx, err) }()
 		if t.Type() == TypeCall {
 			return w.handleCall(ctx, rt, t)
 		}
@@ -69,8 +71,9 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 	}
 	id, _ := asynq.GetTaskID(ctx)
 	client, err := rt.clientFor(call.Account)
+	var res CallResult
 	if err == nil {
-		err = w.doCall(ctx, rt, client, t, id, call)
+		err = w.doCall(ctx, rt, client, t, id, call, &res)
 	}
 	w.markEnd(ctx, call.Export, id, err)
 	if err != nil && len(call.Headers) > 0 {
@@ -78,6 +81,7 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		// of the error asynq stores and logs, like the vendor's.
 		err = redactedError{err, call.secrets(rt.secrets)}
 	}
+	w.queueCallback(ctx, rt.vendor.Name, id, call, res, err)
 	return err
 }
 
@@ -153,7 +157,9 @@ func (w *Worker) backlogged(ctx context.Context, rt *vendorRuntime, account stri
 	}
 }
 
-func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorclients.Client, t *asynq.Task, id string, call Call) error {
+// doCall makes the call, through the gate, and stores the vendor's answer
+// as the task's result and in *res.
+func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorclients.Client, t *asynq.Task, id string, call Call, res *CallResult) error {
 	for attempt := 1; ; attempt++ {
 		var body io.Reader
 		if len(call.Body) > 0 {
@@ -191,8 +197,9 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		excerpt = redact(excerpt, call.secrets(rt.secrets))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
-		res, _ := json.Marshal(CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)})
-		if _, err := t.ResultWriter().Write(res); err != nil && !w.health.quiet(err) {
+		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)}
+		stored, _ := json.Marshal(res)
+		if _, err := t.ResultWriter().Write(stored); err != nil && !w.health.quiet(err) {
 			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)
 		}
 		switch {

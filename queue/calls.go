@@ -92,6 +92,7 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		Body     json.RawMessage   `json:"body"`
 		Cost     json.RawMessage   `json:"cost"`
 		Priority *string           `json:"priority"`
+		Callback json.RawMessage   `json:"callback"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -99,9 +100,9 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
 			if withVendor {
-				msg += " (a call has vendor, id, account, method, path, headers, body, cost and priority)"
+				msg += " (a call has vendor, id, account, method, path, headers, body, cost, priority and callback)"
 			} else {
-				msg += " (a call line has id, account, method, path, headers, body, cost and priority)"
+				msg += " (a call line has id, account, method, path, headers, body, cost, priority and callback)"
 			}
 		}
 		return Call{}, fmt.Errorf("not a call object: %s", msg)
@@ -144,6 +145,13 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		}
 		c.Priority = *j.Priority
 	}
+	if j.Callback != nil && string(j.Callback) != "null" {
+		cb, err := parseCallback(j.Callback)
+		if err != nil {
+			return Call{}, err
+		}
+		c.Callback = cb
+	}
 	if string(c.Body) == "null" {
 		c.Body = nil
 	}
@@ -151,6 +159,17 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		return Call{}, err
 	}
 	return c, nil
+}
+
+// parseCallback reads a call line's "callback": {"url": "..."}.
+func parseCallback(raw json.RawMessage) (*Callback, error) {
+	var cb Callback
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cb); err != nil || cb.URL == "" {
+		return nil, fmt.Errorf(`"callback": %s: want {"url":"https://..."}, a URL under the config's [callbacks] allow`, raw)
+	}
+	return &cb, nil
 }
 
 // LineOf is the line of a call file (ParseCalls, ParseVendorCalls) a

@@ -14,13 +14,17 @@ func TestParseCalls(t *testing.T) {
 
 {"path":"/orders/2"}
 {"path":"/x","body":null}
+{"path":"/y","callback":{"url":"https://hooks.example.com/shaper"}}
 `
 	calls, err := ParseCalls(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(calls) != 3 {
-		t.Fatalf("%d calls, want 3", len(calls))
+	if len(calls) != 4 {
+		t.Fatalf("%d calls, want 4", len(calls))
+	}
+	if cb := calls[3].Callback; cb == nil || cb.URL != "https://hooks.example.com/shaper" || calls[0].Callback != nil {
+		t.Errorf("callbacks %+v and %+v", calls[3].Callback, calls[0].Callback)
 	}
 	if c := calls[0]; c.ID != "order-1" || c.Method != "POST" || c.Headers["X-A"] != "b" || string(c.Body) != `{"n":1}` {
 		t.Errorf("call 1 = %+v", c)
@@ -44,10 +48,13 @@ func TestParseCallsReportsEveryBadLine(t *testing.T) {
 {"path":"/x","extra":1}
 {"path":"/x","method":"delete"}
 {"path":"/x","headers":{"Idempotency-Key":"k"}}
+{"path":"/x","callback":"https://hooks.example.com"}
+{"path":"/x","callback":{"url":"ftp://hooks.example.com"}}
+{"path":"/x","callback":{"url":"https://hooks.example.com","secret":"x"}}
 `
 	_, err := ParseCalls(strings.NewReader(in))
 	lines := badLines(t, err)
-	want := []int{2, 3, 5, 6, 7, 8, 9, 10}
+	want := []int{2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13}
 	if len(lines) != len(want) {
 		t.Fatalf("bad lines %v, want %v\n%v", lines, want, err)
 	}

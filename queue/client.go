@@ -73,6 +73,10 @@ type Call struct {
 	// of its bucket that has not started yet; "" or "normal" is the
 	// default. High calls can starve normal ones.
 	Priority string `json:"priority,omitempty"`
+	// Callback, when set, has the call's outcome POSTed to its URL when
+	// the call ends (see Outcome); the URL must be under a prefix of the
+	// config's [callbacks] allow.
+	Callback *Callback `json:"callback,omitempty"`
 
 	line int // its line in a call file (ParseCalls), for errors
 }
@@ -118,6 +122,11 @@ func (c *Call) Validate() error {
 	if _, err := ParseLane(c.Priority); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
+	if c.Callback != nil {
+		if _, err := checkCallbackURL(c.Callback.URL); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadCall, err)
+		}
+	}
 	return nil
 }
 
@@ -152,6 +161,9 @@ type ClientConfig struct {
 	// Not for Redis Cluster.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// CallbackAllow lists the URL prefixes a call's callback may name
+	// ([callbacks] allow); with none, a call with a callback is refused.
+	CallbackAllow []string
 }
 
 // Client enqueues calls and tasks.
@@ -233,13 +245,7 @@ func (c *Client) Room(ctx context.Context, vendor string, n int) error {
 // id. It fails with ErrUnknownVendor, ErrQueueFull, ErrBadCall or
 // ErrDuplicate (the id is already queued: nothing was added).
 func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
-	if err := call.Validate(); err != nil {
-		return "", err
-	}
-	if err := c.checkAccount(call.Vendor, call.Account); err != nil {
-		return "", err
-	}
-	if err := c.checkCost(call.Vendor, call.Account, call.Cost); err != nil {
+	if err := c.checkCall(&call); err != nil {
 		return "", err
 	}
 	if err := c.Room(ctx, call.Vendor, 1); err != nil {
@@ -437,7 +443,7 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 		}
 	}
 	all := append([]asynq.Option{asynq.Queue(laneQueue(to.Vendor, call.lane)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
-	info, err := c.aq.EnqueueContext(ctx, t, all...)
+	info, err := c.aq.EnqueueContext(ctx, traced(ctx, t), all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, to.Vendor)
 	}
@@ -460,13 +466,7 @@ func (c *Client) checkCalls(vendor string, calls []Call) error {
 	var errs []error
 	for i := range calls {
 		calls[i].Vendor = vendor
-		err := calls[i].Validate()
-		if err == nil {
-			err = c.checkAccount(vendor, calls[i].Account)
-		}
-		if err == nil {
-			err = c.checkCost(vendor, calls[i].Account, calls[i].Cost)
-		}
+		err := c.checkCall(&calls[i])
 		if errors.Is(err, ErrUnknownVendor) {
 			return err
 		}
@@ -479,6 +479,21 @@ func (c *Client) checkCalls(vendor string, calls []Call) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCall validates one call: its fields, its account, its cost and
+// its callback.
+func (c *Client) checkCall(call *Call) error {
+	if err := call.Validate(); err != nil {
+		return err
+	}
+	if err := c.checkAccount(call.Vendor, call.Account); err != nil {
+		return err
+	}
+	if err := c.checkCost(call.Vendor, call.Account, call.Cost); err != nil {
+		return err
+	}
+	return checkCallback(c.cfg.CallbackAllow, call.Callback)
 }
 
 // checkCost checks that a call of cost units to vendor (and account) can

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -112,16 +111,7 @@ func markExport(ctx context.Context, rdb redis.UniversalClient, prefix, id, task
 // markEnd records the end of an export's call: done, or failed for good
 // (not retried, or out of retries).
 func (w *Worker) markEnd(ctx context.Context, export, id string, err error) {
-	if export == "" || !isFailure(err) && err != nil {
-		return
-	}
-	final := err == nil || errors.Is(err, asynq.SkipRetry)
-	if !final {
-		n, _ := asynq.GetRetryCount(ctx)
-		maxRetry, _ := asynq.GetMaxRetry(ctx)
-		final = n >= maxRetry
-	}
-	if !final {
+	if export == "" || !callEnded(ctx, err) {
 		return
 	}
 	if e := markExport(context.WithoutCancel(ctx), w.rdb, w.cfg.KeyPrefix, export, id, err == nil, w.cfg.Retention+exportGrace); e != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
@@ -49,6 +50,12 @@ type WorkerConfig struct {
 	// RetryBackoff is the delay before retry n (1-based) of a failed call
 	// (5xx, 408, timeout); default asynq's exponential backoff with jitter.
 	RetryBackoff func(n int) time.Duration
+	// TracerProvider makes the spans of each task's run (trace.go);
+	// default the global one, a no-op unless a program installed one.
+	TracerProvider trace.TracerProvider
+	// Callbacks delivers the outcome of calls that name a callback URL
+	// (see callback.go); off while Allow is empty.
+	Callbacks CallbackConfig
 }
 
 // HandlerFunc handles a user task on a vendor's queue. Every request sent
@@ -147,6 +154,7 @@ type Worker struct {
 	gate *shaper.Gate
 	live *liveness // the live workers, this one among them (alive.go)
 	insp *asynq.Inspector
+	aq   *asynq.Client // queues callback deliveries
 	log  *slog.Logger
 	// transport is the HTTP transport NewWorker made (nil when the
 	// config gave one): Run closes its idle connections when it returns.
@@ -202,6 +210,9 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := checkCallbackConfig(cfg.Callbacks); err != nil {
+		return nil, err
+	}
 	var own *http.Transport
 	if cfg.Transport == nil {
 		own = &http.Transport{
@@ -219,6 +230,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		rdb: rdb, cfg: cfg, log: cfg.Logger, transport: own,
 		gate:     shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}),
 		insp:     asynq.NewInspectorFromRedisClient(rdb),
+		aq:       asynq.NewClientFromRedisClient(rdb),
 		applyc:   make(chan applyRequest),
 		idlec:    make(chan *vendorRuntime),
 		recheckc: make(chan *vendorRuntime),
@@ -335,6 +347,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.state = running
 	w.mu.Unlock()
 
+	stopCallbacks, err := w.startCallbacks()
+	if err != nil {
+		return err
+	}
+	defer stopCallbacks()
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gate.Watch(ctx) })
 	// The heartbeat lasts until every call has finished or gone back to
@@ -346,7 +363,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	wg.Go(func() { w.recoverDead(ctx) })
 	problems := newProblemLog(w.log, &w.health)
 	ww := &workWatch{}
-	_, err := w.pollWork(ctx, ww) // the baseline, before the first sweep
+	_, err = w.pollWork(ctx, ww) // the baseline, before the first sweep
 	problems.check("reading the work signals", err)
 	problems.check("looking for vendors with work", w.sweep(ctx, w.runtimes(nil)))
 	poll := time.NewTicker(workPollEvery)

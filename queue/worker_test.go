@@ -38,6 +38,7 @@ type env struct {
 	addr      string
 	prefix    string
 	vendors   []Vendor
+	callbacks CallbackConfig // the client's allow-list and the workers' callbacks
 }
 
 func newEnv(t *testing.T) *env {
@@ -64,7 +65,7 @@ func (e *env) rdb() *redis.Client {
 }
 
 func (e *env) newClient() *Client {
-	c := NewClient(e.rdb(), ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
+	c := NewClient(e.rdb(), ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix, CallbackAllow: e.callbacks.Allow})
 	e.t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -74,7 +75,7 @@ func (e *env) newClient() *Client {
 func (e *env) startWorker(setup func(*Worker)) {
 	e.t.Helper()
 	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
-		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport,
+		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport, Callbacks: e.callbacks,
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		e.t.Fatal(err)

@@ -76,6 +76,10 @@ type Request struct {
 	// dies another can tell its calls whose tick it did not live to see.
 	// It holds no newline.
 	Tag string
+	// Waited, when set, is told of each wait at the gate (see Wait),
+	// from the caller's goroutine, before the wait: tracing reads what
+	// held the call from it. It costs no round trip.
+	Waited func(Wait)
 }
 
 // ErrCost is returned for a cost no limit of the bucket can admit.
@@ -164,6 +168,9 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			if r.reason == inFlightFull { // the others come back one tick apart already
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
 			}
+			if req.Waited != nil {
+				req.Waited(Wait{For: wait, Binding: r.reason.binding()})
+			}
 			if maxWait > 0 && wait > maxWait {
 				if req.Backlogged == nil || r.reason != beyondHorizon {
 					return nil, wait, nil
@@ -182,6 +189,9 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		// is somewhere in [sent+wait, recv+wait]. Start no earlier than the
 		// latest and no later than Tolerance after the earliest: a slow
 		// round trip uses up tolerance.
+		if req.Waited != nil {
+			req.Waited(Wait{For: r.wait, Binding: BoundBacklog, Granted: true})
+		}
 		p, err := b.holdTick(ctx, l, req, held{r: r, sent: sent, earliest: sent.Add(r.wait), tick: recv.Add(r.wait)})
 		if err != nil {
 			return nil, 0, err

@@ -14,9 +14,9 @@ const (
 // codesLua names the reply codes, the defer reasons and noServer in the
 // scripts.
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, USE_FULL = %d, %d, %d
-local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT = %d, %d, %d, %d, %d
+local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE = %d, %d, %d, %d, %d, %d
 local NO_SERVER = '%s'
-`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, noServer)
+`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -433,7 +433,7 @@ for i = 1, #tags do
     at = math.max(tick - p.horizon, at + pace)
     deferred = deferred + 1
     code, why, tick = DEFERRED, BEYOND_HORIZON, 0
-    if from - now > p.horizon then why = HELD_BY_LIMIT end
+    if from - now > p.horizon then why = HELD_BY_PAUSE end
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick

@@ -21,7 +21,8 @@ const (
 	inFlightFull                     // max_in_flight slots are all taken
 	stateReset                       // the state was missing (first use or lost): waiting out the horizon
 	behindHigh                       // a call of the high lane waits for a tick
-	heldByLimit                      // a pause or a spent limit (a quota, a costly call's units) puts the earliest start beyond the horizon
+	heldByLimit                      // a spent limit (a quota, a costly call's units) puts the earliest start beyond the horizon
+	heldByPause                      // a pause puts the earliest start beyond the horizon
 )
 
 // reservation is the answer of one round trip to the gate.
@@ -784,7 +785,10 @@ tick = fit({last = last, n = n, interval = interval, burst = burst, cost = a_cos
 -- deferred caller one tick after the one before in its lane, so that a
 -- crowd beyond the horizon polls once per tick in the order it arrived.
 if tick - now > horizon then
-  if reason == BEYOND_HORIZON and start - now > horizon then reason = HELD_BY_LIMIT end
+  if reason == BEYOND_HORIZON and start - now > horizon then
+    reason = HELD_BY_LIMIT
+    if paused >= start then reason = HELD_BY_PAUSE end
+  end
   local field, prev = 'defer_at', st.defer_at
   if a_high then field, prev = 'hdefer_at', st.hdefer_at end
   local at = math.max(tick - horizon, (tonumber(prev) or 0) + math.floor(interval / burst))

@@ -119,7 +119,9 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	asked := time.Now()
 	ask := requestFrom(ctx)
 	ask.MaxWait = t.maxWait
+	tw := t.startTickWait(ctx, &ask)
 	permit, wait, err := bucket.Ask(ctx, ask)
+	tw.end(permit, wait, err)
 	if err != nil {
 		closeBody(req)
 		return nil, 0, err
@@ -133,7 +135,8 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.vendor.Timeout)
 	ctx = context.WithValue(ctx, permitKey{}, permit)
-	out := req.WithContext(ctx)
+	call := t.startSend(ctx, req)
+	out := req.WithContext(call.ctx)
 	out.Header = req.Header.Clone()
 	if out.Header == nil {
 		out.Header = http.Header{}
@@ -146,14 +149,17 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	if out.Header.Get("User-Agent") == "" {
 		out.Header.Set("User-Agent", t.vendor.UserAgent)
 	}
+	call.inject(out.Header)
 	sent := time.Now()
 	resp, err := t.base.RoundTrip(out)
+	returned := time.Now()
 	if err == nil {
 		// The bucket measures the spread of round trips: the jitter a
 		// refusal is judged with, and a measured guard.
 		bucket.ObserveRoundTrip(time.Since(sent))
 	}
 	if err != nil {
+		call.end(returned, nil, 0, err)
 		cancel()
 		_ = permit.Release(context.WithoutCancel(ctx))
 		return nil, 0, err
@@ -163,6 +169,7 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 		_ = permit.Release(context.WithoutCancel(ctx))
 	}}
 	pause := t.adapt(context.WithoutCancel(ctx), bucket, permit, resp)
+	call.end(returned, resp, pause, nil)
 	return resp, pause, nil
 }
 

@@ -57,7 +57,17 @@ func shaperBin(t *testing.T) string {
 // ends.
 func startWorker(t *testing.T, cfg string, args ...string) (*exec.Cmd, *logtest.Buffer) {
 	t.Helper()
+	return startWorkerEnv(t, nil, cfg, args...)
+}
+
+// startWorkerEnv is startWorker with env (NAME=value) added to the
+// process's environment.
+func startWorkerEnv(t *testing.T, env []string, cfg string, args ...string) (*exec.Cmd, *logtest.Buffer) {
+	t.Helper()
 	cmd := exec.Command(shaperBin(t), append([]string{"worker", "--config", cfg}, args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	out := &logtest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -18,7 +18,7 @@ import (
 )
 
 func newEnqueueCmd() *cobra.Command {
-	var vendor, account, path, method, body, file, id, priority string
+	var vendor, account, path, method, body, file, id, priority, callback string
 	var cost int
 	var headers []string
 	cmd := &cobra.Command{
@@ -32,7 +32,9 @@ func newEnqueueCmd() *cobra.Command {
 "cost" (or --cost) is the units the call uses of every limit (default 1):
 a GraphQL query's points, a batch's items. "priority": "high" (or
 --priority high) puts the call ahead of every normal call of its bucket
-that has not started; high calls can starve normal ones.
+that has not started; high calls can starve normal ones. "callback":
+{"url": ...} (or --callback URL) has the call's outcome POSTed there,
+signed, when it ends; the URL must be under [callbacks] allow.
 
 Every line is validated first; bad lines are reported with their numbers and
 nothing is enqueued. An id makes enqueueing idempotent: re-running a file
@@ -70,6 +72,9 @@ queues nothing twice.`,
 				if body != "" {
 					call.Body = json.RawMessage(body)
 				}
+				if callback != "" {
+					call.Callback = &queue.Callback{URL: callback}
+				}
 				if len(headers) > 0 {
 					call.Headers = map[string]string{}
 				}
@@ -102,6 +107,7 @@ queues nothing twice.`,
 	f.StringVar(&body, "body", "", "JSON body")
 	f.StringVar(&id, "id", "", "call id: makes enqueueing idempotent and is the Idempotency-Key")
 	f.StringVar(&file, "file", "", "NDJSON call file, - for stdin")
+	f.StringVar(&callback, "callback", "", "POST the call's outcome to this URL when it ends (under [callbacks] allow)")
 	f.IntVar(&cost, "cost", 0, "units of every limit the call uses, default 1 (with --file: of every line that gives none)")
 	f.StringVar(&priority, "priority", "", "lane: high or normal, default normal (with --file: of every line that gives none)")
 	return cmd

@@ -52,8 +52,13 @@ It binds to 127.0.0.1 by default. On any other address it needs a token
 			if maxBody < 1 {
 				return fmt.Errorf("--max-body %d: a size in bytes, at least 1", maxBody)
 			}
-			return withClient(cmd, func(ctx context.Context, _ *config.Config, _ redis.UniversalClient, c *queue.Client) error {
+			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+				stopTracing, err := startTracing(ctx, cfg.Tracing, log)
+				if err != nil {
+					return err
+				}
+				defer stopTracing()
 				stop, err := startAPI(addr, api.Options{Client: c, Token: token, MaxBody: maxBody}, log)
 				if err != nil {
 					return err
@@ -77,7 +82,7 @@ func startAPI(addr string, o api.Options, log *slog.Logger) (stop func(), err er
 	if err != nil {
 		return nil, fmt.Errorf("serve the API on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: api.New(o), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: api.Traced(api.New(o), nil), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

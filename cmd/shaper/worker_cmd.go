@@ -63,6 +63,11 @@ queue.`,
 			redis.SetLogger(redisLog{log})
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			stopTracing, err := startTracing(ctx, cfg.Tracing, log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing() // last: the spans of the shutdown go too
 			rdb, closeRedis, err := connect(ctx, cfg, true, log)
 			if err != nil {
 				return err

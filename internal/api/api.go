@@ -1,17 +1,20 @@
 // Package api is shaper's HTTP API, for services in any language: POST
 // calls to queue them (one JSON call, or NDJSON of many), GET one to
-// follow it, optionally holding the request until it ends. It calls
-// queue.Client and adds nothing to the gate.
+// follow it, optionally holding the request until it ends, DELETE one
+// that has not started. It calls queue.Client and adds nothing to the
+// gate. Its OpenAPI document (openapi.json, served at /v1/openapi.json)
+// describes every route; TestOpenAPI checks it against the handlers.
 //
-// Every answer is JSON. A refusal says what to fix: {"error": "..."},
-// with "lines" for the calls of a body that are wrong (nothing of such a
-// body is queued).
+// Every answer is JSON. A refusal says what to fix (Refusal): {"error":
+// "..."}, with "lines" for the calls of a body that are wrong (nothing of
+// such a body is queued).
 package api
 
 import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,9 +68,37 @@ func New(o Options) http.Handler {
 	}
 	s := &server{o: o}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/calls", s.post)
-	mux.HandleFunc("GET /v1/calls/{id}", s.get)
+	for _, r := range s.routes() {
+		mux.HandleFunc(r.pattern, r.handler)
+	}
 	return s.auth(mux)
+}
+
+// route is one of the API's routes: a ServeMux pattern, "METHOD PATH".
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// routes are every route of the API; openapi.json documents each.
+func (s *server) routes() []route {
+	return []route{
+		{"POST /v1/calls", s.post},
+		{"GET /v1/calls/{id}", s.get},
+		{"DELETE /v1/calls/{id}", s.delete},
+		{"GET /v1/openapi.json", serveOpenAPI},
+	}
+}
+
+// openAPI is the API's OpenAPI 3.1 document; docs/openapi.json is a copy
+// (TestOpenAPIInDocs).
+//
+//go:embed openapi.json
+var openAPI []byte
+
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(openAPI)
 }
 
 // auth refuses a request without the token, when one is set.
@@ -86,6 +117,13 @@ func (s *server) auth(next http.Handler) http.Handler {
 	})
 }
 
+// Refusal is the answer to a request the API refuses: what to fix, and
+// for a body with bad calls, each of them by its line.
+type Refusal struct {
+	Error string      `json:"error"`
+	Lines []lineError `json:"lines,omitempty"`
+}
+
 // lineError is one bad call of a body, by its line (1 for a single JSON
 // call).
 type lineError struct {
@@ -100,10 +138,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string, lines []lineError) {
-	writeJSON(w, status, struct {
-		Error string      `json:"error"`
-		Lines []lineError `json:"lines,omitempty"`
-	}{msg, lines})
+	writeJSON(w, status, Refusal{msg, lines})
 }
 
 // Accepted is POST /v1/calls's answer: the id of every call of the body,
@@ -270,7 +305,7 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		e, err := s.o.Client.Explain(r.Context(), id)
+		e, err := s.explain(r.Context(), id)
 		switch {
 		case errors.Is(err, queue.ErrNoTask):
 			writeError(w, http.StatusNotFound, err.Error(), nil)
@@ -289,6 +324,48 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(s.o.Poll):
 		}
 	}
+}
+
+// Cancelled is DELETE /v1/calls/{id}'s answer: the call, and the state
+// it was cancelled in.
+type Cancelled struct {
+	queue.Cancellation
+	Cancelled bool `json:"cancelled"`
+}
+
+// delete cancels a call that has not started (queue.Client.Cancel): 409
+// for one that has started or finished.
+func (s *server) delete(w http.ResponseWriter, r *http.Request) {
+	c, err := s.o.Client.Cancel(r.Context(), r.PathValue("id"))
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, Cancelled{c, true})
+	case errors.Is(err, queue.ErrNoTask):
+		writeError(w, http.StatusNotFound, err.Error(), nil)
+	case errors.Is(err, queue.ErrStarted), errors.Is(err, queue.ErrFinished):
+		writeError(w, http.StatusConflict, err.Error(), nil)
+	default:
+		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
+	}
+}
+
+// explainTries bounds how often get reads a call whose state changed
+// while Explain read it.
+const explainTries = 3
+
+// explain is Client.Explain, read again after an error other than
+// ErrNoTask: a call a worker takes while Explain reads it as pending
+// fails the read ("no longer pending"), and the next read sees it
+// running.
+func (s *server) explain(ctx context.Context, id string) (queue.Explanation, error) {
+	var err error
+	for range explainTries {
+		var e queue.Explanation
+		if e, err = s.o.Client.Explain(ctx, id); err == nil || errors.Is(err, queue.ErrNoTask) || ctx.Err() != nil {
+			return e, err
+		}
+	}
+	return queue.Explanation{}, err
 }
 
 // ended reports whether the call finished: completed, or archived after

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,15 +28,23 @@ func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 type vendor struct {
 	mu   sync.Mutex
 	keys map[string]int
+	// hold, when set, is called with each call's key before the vendor
+	// answers it (outside mu): a test holds a call at the vendor.
+	hold func(key string)
 	srv  *httptest.Server
 }
 
 func newVendor(t *testing.T) *vendor {
 	v := &vendor{keys: map[string]int{}}
 	v.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
 		v.mu.Lock()
-		v.keys[r.Header.Get("Idempotency-Key")]++
+		v.keys[key]++
+		hold := v.hold
 		v.mu.Unlock()
+		if hold != nil {
+			hold(key)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
@@ -52,7 +61,10 @@ type setup struct {
 	v      *vendor
 }
 
-func newSetup(t *testing.T, o Options, limit int, work bool) setup {
+// newSetup starts the API (its answers checked against openapi.json,
+// checkedByOpenAPI) and the vendor; tweak, if given, changes the vendor's
+// config (200 calls a second by default).
+func newSetup(t *testing.T, o Options, limit int, work bool, tweak ...func(*queue.Vendor)) setup {
 	t.Helper()
 	rdb := redistest.Client(t)
 	prefix := redistest.Prefix(t)
@@ -60,6 +72,9 @@ func newSetup(t *testing.T, o Options, limit int, work bool) setup {
 	name := "api-" + strings.ReplaceAll(prefix, ":", "-")
 	vend := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: v.srv.URL, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 200, Window: time.Second}}}, QueueLimit: limit}
+	for _, f := range tweak {
+		f(&vend)
+	}
 	c := queue.NewClient(rdb, queue.ClientConfig{Vendors: []queue.Vendor{vend}, KeyPrefix: prefix})
 	t.Cleanup(func() { _ = c.Close() })
 	if work {
@@ -78,7 +93,7 @@ func newSetup(t *testing.T, o Options, limit int, work bool) setup {
 		})
 	}
 	o.Client = c
-	srv := httptest.NewServer(New(o))
+	srv := httptest.NewServer(checkedByOpenAPI(t, New(o)))
 	t.Cleanup(srv.Close)
 	return setup{url: srv.URL, vendor: name, client: c, v: v}
 }
@@ -247,4 +262,159 @@ func TestToken(t *testing.T) {
 	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "s3cret", body); a.status != http.StatusAccepted {
 		t.Errorf("with the token: %d %s, want 202", a.status, a.body)
 	}
+}
+
+// TestCancelCall: DELETE cancels a pending call (200, and it never
+// reaches the vendor); a call at the vendor is 409 (started), a completed
+// one 409 (finished); an unknown or cancelled id is 404. The vendor runs
+// one call at a time and holds the first until the test lets it go.
+func TestCancelCall(t *testing.T) {
+	s := newSetup(t, Options{}, 100, true, func(v *queue.Vendor) { v.Concurrency = 1 })
+	arrived, release := make(chan string, 1), make(chan struct{})
+	s.v.mu.Lock()
+	s.v.hold = func(key string) {
+		if key == "held" {
+			arrived <- key
+			<-release
+		}
+	}
+	s.v.mu.Unlock()
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", ndjson(s.vendor, "held")); a.status != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", a.status, a.body)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first call did not reach the vendor in 30 s")
+	}
+	// The worker's one slot is taken: the next call stays pending.
+	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", ndjson(s.vendor, "later")); a.status != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", a.status, a.body)
+	}
+	a := do(t, "DELETE", s.url+"/v1/calls/later", "", "", nil)
+	var got Cancelled
+	if err := json.Unmarshal(a.body, &got); a.status != http.StatusOK || err != nil {
+		t.Fatalf("DELETE a pending call: %d %s, want 200", a.status, a.body)
+	}
+	want := Cancelled{queue.Cancellation{TaskID: "later", Vendor: s.vendor, Lane: "normal", State: "pending"}, true}
+	if got != want {
+		t.Errorf("DELETE a pending call: %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct {
+		id     string
+		status int
+		says   string
+	}{
+		{"held", http.StatusConflict, "started"},
+		{"later", http.StatusNotFound, "no such task"},
+		{"never-queued", http.StatusNotFound, "no such task"},
+	} {
+		if a := do(t, "DELETE", s.url+"/v1/calls/"+tc.id, "", "", nil); a.status != tc.status || !bytes.Contains(a.body, []byte(tc.says)) {
+			t.Errorf("DELETE %s: %d %s, want %d saying %q", tc.id, a.status, a.body, tc.status, tc.says)
+		}
+	}
+	letGo()
+	if a := do(t, "GET", s.url+"/v1/calls/held?wait=30s", "", "", nil); !bytes.Contains(a.body, []byte(`"state":"completed"`)) {
+		t.Fatalf("GET held ?wait=30s: %d %s, want completed", a.status, a.body)
+	}
+	if a := do(t, "DELETE", s.url+"/v1/calls/held", "", "", nil); a.status != http.StatusConflict || !bytes.Contains(a.body, []byte("already finished")) {
+		t.Errorf("DELETE a completed call: %d %s, want 409 saying it finished", a.status, a.body)
+	}
+	if n, err := s.client.Waiting(context.Background(), s.vendor); err != nil || n != 0 {
+		t.Fatalf("%d calls waiting (%v), want 0", n, err)
+	}
+	s.v.mu.Lock()
+	defer s.v.mu.Unlock()
+	if s.v.keys["later"] != 0 || s.v.keys["held"] != 1 {
+		t.Errorf("the vendor saw %v, want held once and not the cancelled call", s.v.keys)
+	}
+}
+
+// TestThousandCallsInOnePost: 1,000 calls in one NDJSON POST are all
+// queued and run, none twice; posting the same body again queues nothing.
+// Safety only: no figure of time is asserted (make bench-api measures).
+func TestThousandCallsInOnePost(t *testing.T) {
+	s := newSetup(t, Options{}, 2000, true, func(v *queue.Vendor) { v.Policy.Limits[0].Rate = 2000 })
+	ids := make([]string, 1000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k-%04d", i)
+	}
+	body := ndjson(s.vendor, ids...)
+	for round, wantNew := range []int{1000, 0} {
+		a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", body)
+		var acc Accepted
+		if err := json.Unmarshal(a.body, &acc); a.status != http.StatusAccepted || err != nil {
+			t.Fatalf("POST %d: %d %s", round+1, a.status, a.body)
+		}
+		if acc.Enqueued != wantNew || acc.AlreadyQueued != 1000-wantNew || len(acc.IDs) != 1000 {
+			t.Fatalf("POST %d: %d queued, %d already, %d ids; want %d queued", round+1, acc.Enqueued, acc.AlreadyQueued, len(acc.IDs), wantNew)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, err := s.client.Waiting(context.Background(), s.vendor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls still waiting after 60 s", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", body); !bytes.Contains(a.body, []byte(`"enqueued":0`)) {
+		t.Errorf("POST once every call completed: %d %.200s, want nothing queued", a.status, a.body)
+	}
+	s.v.mu.Lock()
+	defer s.v.mu.Unlock()
+	for _, id := range ids {
+		if n := s.v.keys[id]; n != 1 {
+			t.Errorf("the vendor saw %s %d times, want once", id, n)
+		}
+	}
+	if len(s.v.keys) != len(ids) {
+		t.Errorf("the vendor saw %d keys, want %d", len(s.v.keys), len(ids))
+	}
+}
+
+// TestGetWhileTaken: GETs of a call that a worker takes at that moment
+// answer 200 (pending, then running or completed), never an error for a
+// call that changed state while it was read. Eight readers poll the head
+// of the queue, the call taken next, moving on when it is taken.
+func TestGetWhileTaken(t *testing.T) {
+	s := newSetup(t, Options{}, 1000, true, func(v *queue.Vendor) { v.Policy.Limits[0].Rate = 200 })
+	ids := make([]string, 200)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("g-%03d", i)
+	}
+	if a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", ndjson(s.vendor, ids...)); a.status != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", a.status, a.body)
+	}
+	var head atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				i := head.Load()
+				if i >= int64(len(ids)) {
+					return
+				}
+				a := do(t, "GET", s.url+"/v1/calls/"+ids[i], "", "", nil)
+				if a.status != http.StatusOK {
+					t.Errorf("GET %s while a worker takes it: %d %s", ids[i], a.status, a.body)
+					head.Store(int64(len(ids)))
+					return
+				}
+				if !bytes.Contains(a.body, []byte(`"state":"pending"`)) {
+					head.CompareAndSwap(i, i+1)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -1,0 +1,43 @@
+package shaper
+
+import "time"
+
+// What held a call at its gate (Wait.Binding): the same words as a
+// queued call's explanation.
+const (
+	BoundBacklog  = "backlog"     // the ticks before its own went to the calls that asked first (also the wait for a granted tick)
+	BoundPause    = "pause"       // the bucket is paused (a 429, a vendor's reset)
+	BoundQuota    = "quota"       // a spent limit: a quota, or a costly call's units
+	BoundInFlight = "in_flight"   // every MaxInFlight slot is taken
+	BoundHighLane = "high_lane"   // a call of the high lane waits for a tick
+	BoundReset    = "state_reset" // the bucket's state was lost: its horizon is waited out
+)
+
+// Wait is one wait of a call at its bucket's gate, as Request.Waited
+// hears of it: each time the gate defers the call (it asks again after
+// For) and, at the end, the wait until its granted tick.
+type Wait struct {
+	For time.Duration
+	// Binding says what held the call, one of the Bound* words. The
+	// wait for a granted tick is BoundBacklog: a grant does not say
+	// whether a short pause (under the horizon) put it there.
+	Binding string
+	Granted bool // the wait until a granted tick; else a deferral
+}
+
+// binding is the Bound* word of a deferral's reason.
+func (r deferReason) binding() string {
+	switch r {
+	case inFlightFull:
+		return BoundInFlight
+	case stateReset:
+		return BoundReset
+	case behindHigh:
+		return BoundHighLane
+	case heldByLimit:
+		return BoundQuota
+	case heldByPause:
+		return BoundPause
+	}
+	return BoundBacklog
+}
