@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
+.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -94,14 +94,27 @@ test-long-unraced:
 	$(GO) test -count=1 -p 1 -parallel 16 -timeout 10m -run $(UNRACED) ./queue
 
 # The gate's own speed (BenchmarkReserve) and Redis CPU per grant beside
-# redis_rate's GCRA (BenchmarkRedisCPU, redis-µs/grant), then the
-# side-by-side benchmark against the alternatives (writes docs/bench.md
-# and docs/bench.svg; about 8 minutes).
+# redis_rate's GCRA (BenchmarkRedisCPU, redis-µs/grant); enqueueing
+# through the HTTP API beside queue.Client.EnqueueBatch (BenchmarkEnqueue:
+# calls/s and Redis commands per call, batches of 100; ten runs of both,
+# one after the other, so that a busy spell of a shared machine falls on
+# both); then the side-by-side benchmark against the alternatives (writes
+# docs/bench.md and docs/bench.svg; about 8 minutes).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./shaper | tee bench.txt
 	benchstat bench.txt
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench Enqueue -benchmem -count 1 ./internal/api || exit 1; done | tee bench-api.txt
+	benchstat -col /via bench-api.txt
 	$(GO) run ./bench -out docs
 	$(GO) run ./bench -scale -out docs
+
+# The HTTP API's bar, end to end with real processes (docs/results.md):
+# bin/shaper serve and one worker, driven by bench/api_bar.py (Python's
+# urllib alone, serving the vendor itself): 1,000 calls in one NDJSON
+# POST all done, 0 429s, none twice, a second POST queuing nothing, GET
+# ?wait= within 100 ms of a call's end. Needs python3; about 10 s.
+bench-api: build
+	SHAPER_BIN=$(CURDIR)/bin/shaper $(GO) test -count=1 -v -run '^TestBarFromPython$$' ./internal/api
 
 # The learning figures (docs/learning.md): the simulator's table (the same
 # on every machine; TestLearningSimulated also asserts it in make test)

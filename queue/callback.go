@@ -154,10 +154,8 @@ type Outcome struct {
 	Body     string `json:"body,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Attempts int    `json:"attempts"` // vendor calls made, the last one included (waits and 429s aside)
-	// EnqueuedAt is when the call was queued, when its task says so;
-	// FinishedAt when its last attempt ended.
-	EnqueuedAt *time.Time `json:"enqueued_at,omitempty"`
-	FinishedAt time.Time  `json:"finished_at"`
+	// FinishedAt is when the last attempt ended.
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // callbackTask is the payload of a delivery.

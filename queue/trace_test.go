@@ -136,7 +136,7 @@ func traceparentOf(s sdktrace.ReadOnlySpan) string {
 }
 
 // TestTraceAcrossTheWait: a call enqueued under a span is traced in that
-// span's trace. Its vendor answers 429 (Retry-After: 2), then 500, then
+// span's trace. Its vendor answers 429 (Retry-After: 3), then 500, then
 // 200: the first run of the task (shaper.call, a child of the enqueuing
 // span) holds the queue wait, a tick wait and the 429, a tick wait held
 // by the pause and the 500; asynq's retry is a second shaper.call, child
@@ -149,7 +149,7 @@ func TestTraceAcrossTheWait(t *testing.T) {
 	v := &traceparents{status: func(n int) (int, http.Header) {
 		switch n {
 		case 1:
-			return http.StatusTooManyRequests, http.Header{"Retry-After": {"2"}}
+			return http.StatusTooManyRequests, http.Header{"Retry-After": {"3"}}
 		case 2:
 			return http.StatusInternalServerError, nil
 		}
@@ -228,14 +228,15 @@ func TestTraceAcrossTheWait(t *testing.T) {
 		}
 	}
 	if p := attr(first[2], "shaper.pause").AsFloat64(); p < 1 {
-		t.Errorf("the 429's span: shaper.pause %g, want the 2 s of its Retry-After", p)
+		t.Errorf("the 429's span: shaper.pause %g, want the 3 s of its Retry-After", p)
 	}
 	held := first[3] // the tick wait after the 429
 	if got := attr(held, "shaper.binding").AsString(); got != shaper.BoundPause {
-		t.Errorf("tick wait after the 429: shaper.binding %q, want %q", got, shaper.BoundPause)
+		t.Errorf("tick wait after the 429: shaper.binding %q, want %q (lasted %s, events %v, the 429's pause %gs)", got, shaper.BoundPause,
+			held.EndTime().Sub(held.StartTime()), held.Events(), attr(first[2], "shaper.pause").AsFloat64())
 	}
-	if d := held.EndTime().Sub(held.StartTime()); d < time.Second {
-		t.Errorf("tick wait after the 429 lasted %s, want the pause (2 s)", d)
+	if d := held.EndTime().Sub(held.StartTime()); d < 2*time.Second {
+		t.Errorf("tick wait after the 429 lasted %s, want the pause (3 s)", d)
 	}
 	deferred := 0
 	for _, ev := range held.Events() {

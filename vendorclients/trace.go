@@ -70,6 +70,7 @@ type tickWait struct {
 	asks  int
 	waits map[string]time.Duration // by binding
 	order []string                 // bindings in the order first heard of
+	last  string                   // the last deferral's binding
 }
 
 // startTickWait starts the span of the wait of ask and has ask.Waited
@@ -98,15 +99,24 @@ func (t *transport) startTickWait(ctx context.Context, ask *shaper.Request) *tic
 	return tw
 }
 
+// waited counts a wait for its binding. The wait until a granted tick
+// counts for the deferral just before it, if any: the grant is the end
+// of what held the call (a pause's last horizon), which a grant does not
+// name.
 func (tw *tickWait) waited(w shaper.Wait) {
 	tw.asks++
-	if _, ok := tw.waits[w.Binding]; !ok {
-		tw.order = append(tw.order, w.Binding)
+	b := w.Binding
+	if w.Granted && tw.last != "" {
+		b = tw.last
 	}
-	tw.waits[w.Binding] += w.For
 	if !w.Granted {
-		tw.span.AddEvent("shaper.deferred", trace.WithAttributes(attrBinding.String(w.Binding), attrWait.Float64(w.For.Seconds())))
+		tw.last = b
+		tw.span.AddEvent("shaper.deferred", trace.WithAttributes(attrBinding.String(b), attrWait.Float64(w.For.Seconds())))
 	}
+	if _, ok := tw.waits[b]; !ok {
+		tw.order = append(tw.order, b)
+	}
+	tw.waits[b] += w.For
 }
 
 // binding is what held the call longest (the first heard of among

@@ -18,11 +18,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -154,7 +154,7 @@ type Accepted struct {
 // NDJSON of many (application/x-ndjson), each naming its vendor. Every
 // call is checked first; a body with a bad one queues nothing.
 func (s *server) post(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBody))
+	body, err := readBody(w, r, s.o.MaxBody)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
@@ -182,7 +182,7 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 	}
 	calls, err := queue.ParseVendorCalls(bytes.NewReader(body))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad calls: nothing was queued", lines(err))
+		writeError(w, http.StatusBadRequest, badCalls, lines(err))
 		return
 	}
 	if len(calls) == 0 {
@@ -200,37 +200,51 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, res)
 }
 
-// enqueue checks every call, then every vendor's room, then queues them
-// vendor by vendor: nothing is queued unless every check passed.
+// readBody reads r's body, at most limit bytes, into a buffer sized by its
+// Content-Length (io.ReadAll would grow one by doubling).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	return buf.Bytes(), err
+}
+
+// enqueue queues the calls, nothing unless every check passes: a body
+// for one vendor is one EnqueueBatch, which checks every call and the
+// vendor's room before it queues any; a body for several is checked
+// whole (every call, then every vendor's room) before any is queued.
 func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int, string, []lineError) {
 	c := s.o.Client
 	var order []string
 	byVendor := map[string][]queue.Call{}
-	for _, call := range calls {
-		if _, seen := byVendor[call.Vendor]; !seen {
-			order = append(order, call.Vendor)
-		}
-		byVendor[call.Vendor] = append(byVendor[call.Vendor], call)
-	}
-	var bad []lineError
-	for _, v := range order {
-		err := c.CheckCalls(v, byVendor[v])
-		if errors.Is(err, queue.ErrUnknownVendor) {
-			for _, call := range byVendor[v] {
-				bad = append(bad, lineError{Line: queue.LineOf(call), Error: fmt.Sprintf("unknown vendor %q: name a [vendors.NAME] table of the config", v)})
+	if one := calls[0].Vendor; !slices.ContainsFunc(calls, func(c queue.Call) bool { return c.Vendor != one }) {
+		order, byVendor[one] = []string{one}, calls // one vendor: the calls as they are
+	} else {
+		for _, call := range calls {
+			if _, seen := byVendor[call.Vendor]; !seen {
+				order = append(order, call.Vendor)
 			}
-			continue
+			byVendor[call.Vendor] = append(byVendor[call.Vendor], call)
 		}
-		bad = append(bad, lines(err)...)
 	}
-	if len(bad) > 0 {
-		return Accepted{}, http.StatusBadRequest, "bad calls: nothing was queued", bad
-	}
-	for _, v := range order {
-		if err := c.Room(ctx, v, len(byVendor[v])); errors.Is(err, queue.ErrQueueFull) {
-			return Accepted{}, http.StatusTooManyRequests, err.Error() + ": nothing was queued; try again when it has drained", nil
-		} else if err != nil {
-			return Accepted{}, http.StatusServiceUnavailable, err.Error(), nil
+	if len(order) > 1 {
+		var bad []lineError
+		for _, v := range order {
+			if err := c.CheckCalls(v, byVendor[v]); err != nil {
+				_, _, more := refusal(v, byVendor[v], err)
+				bad = append(bad, more...)
+			}
+		}
+		if len(bad) > 0 {
+			return Accepted{}, http.StatusBadRequest, badCalls, bad
+		}
+		for _, v := range order {
+			if err := c.Room(ctx, v, len(byVendor[v])); err != nil {
+				status, msg, _ := refusal(v, nil, err)
+				return Accepted{}, status, msg, nil
+			}
 		}
 	}
 	var out Accepted
@@ -238,12 +252,14 @@ func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int
 	for _, v := range order {
 		res, err := c.EnqueueBatch(ctx, v, byVendor[v])
 		if err != nil {
-			return Accepted{}, http.StatusServiceUnavailable, err.Error(), nil
+			status, msg, bad := refusal(v, byVendor[v], err)
+			return Accepted{}, status, msg, bad
 		}
 		out.Enqueued += res.Enqueued
 		out.AlreadyQueued += res.AlreadyQueued
 		ids[v] = res.IDs
 	}
+	out.IDs = make([]string, 0, len(calls))
 	for _, call := range calls {
 		if call.ID != "" {
 			out.IDs = append(out.IDs, call.ID)
@@ -258,6 +274,28 @@ func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int
 		}
 	}
 	return out, http.StatusAccepted, "", nil
+}
+
+// badCalls is the refusal of a body with bad calls.
+const badCalls = "bad calls: nothing was queued"
+
+// refusal says how the API refuses err, from checking or queueing calls
+// of vendor: 400 naming the bad calls (an unknown vendor: each of its
+// calls), 429 for a full queue, else 503 (Redis).
+func refusal(vendor string, calls []queue.Call, err error) (status int, msg string, bad []lineError) {
+	var le *queue.LineError
+	switch {
+	case errors.Is(err, queue.ErrUnknownVendor):
+		for _, call := range calls {
+			bad = append(bad, lineError{Line: queue.LineOf(call), Error: fmt.Sprintf("unknown vendor %q: name a [vendors.NAME] table of the config", vendor)})
+		}
+		return http.StatusBadRequest, badCalls, bad
+	case errors.Is(err, queue.ErrQueueFull):
+		return http.StatusTooManyRequests, err.Error() + ": nothing was queued; try again when it has drained", nil
+	case errors.As(err, &le):
+		return http.StatusBadRequest, badCalls, lines(err)
+	}
+	return http.StatusServiceUnavailable, err.Error(), nil
 }
 
 // lines lists the bad calls in err (a join of *queue.LineError).

@@ -205,6 +205,8 @@ func TestRefusals(t *testing.T) {
 		{"a line without its path", "application/x-ndjson",
 			[]byte(fmt.Sprintf("{\"vendor\":%q,\"path\":\"/a\"}\n{\"vendor\":%q}\n", s.vendor, s.vendor)), http.StatusBadRequest, `"path" is required`, 2},
 		{"a line without its vendor", "application/x-ndjson", []byte(`{"path":"/a"}`), http.StatusBadRequest, `"vendor" is required`, 1},
+		{"a good call, then one to an unknown vendor", "application/x-ndjson",
+			[]byte(fmt.Sprintf("{\"vendor\":%q,\"path\":\"/a\"}\n{\"vendor\":\"nope\",\"path\":\"/b\"}\n", s.vendor)), http.StatusBadRequest, `unknown vendor "nope"`, 2},
 		{"a body too large", "application/x-ndjson", bytes.Repeat(ndjson(s.vendor, "x"), 200), http.StatusRequestEntityTooLarge, "larger than 4096 bytes", 0},
 		{"another media type", "text/plain", []byte("hi"), http.StatusUnsupportedMediaType, "application/x-ndjson", 0},
 		{"more calls than the queue holds", "application/x-ndjson", ndjson(s.vendor, "a", "b", "c", "d"), http.StatusTooManyRequests, "full", 0},
