@@ -25,6 +25,11 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Callback delivery: its task type, and defaults of CallbackConfig.
@@ -199,8 +204,8 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, call Call
 	if attempts <= 0 {
 		attempts = DefaultCallbackAttempts
 	}
-	t := asynq.NewTask(TypeCallback, payload)
 	ctx = context.WithoutCancel(ctx)
+	t := traced(ctx, asynq.NewTask(TypeCallback, payload)) // the delivery joins the call's trace
 	// Redis may be failing over: try for as long as asynq's lease lets
 	// the call's end be recorded, then leave it to the call being run
 	// again.
@@ -300,18 +305,44 @@ func (w *Worker) deliver(client *http.Client) asynq.HandlerFunc {
 		req.Header.Set("User-Agent", "shaper-callback")
 		req.Header.Set("Idempotency-Key", callID)
 		req.Header.Set(SignatureHeader, Sign(cfg.Secret, time.Now(), ct.Body))
-		resp, err := client.Do(req)
+		ctx, span := w.deliverySpan(ctx, t, req)
+		defer span.End()
+		resp, err := client.Do(req.WithContext(ctx))
 		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
 			return fmt.Errorf("callback %s: %w", ct.URL, err)
 		}
+		span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			span.SetStatus(codes.Error, "HTTP "+strconv.Itoa(resp.StatusCode))
 			return fmt.Errorf("callback %s: HTTP %d: %s", ct.URL, resp.StatusCode, excerpt)
 		}
 		return nil
 	}
+}
+
+// deliverySpan starts the span of one delivery attempt (shaper.callback),
+// in the trace of the call whose outcome it carries, and puts its
+// traceparent on req.
+func (w *Worker) deliverySpan(ctx context.Context, t *asynq.Task, req *http.Request) (context.Context, trace.Span) {
+	if h := t.Headers(); h[traceparentHeader] != "" {
+		ctx = traceW3C.Extract(ctx, propagation.MapCarrier(h))
+	}
+	tp := w.cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	n, _ := asynq.GetRetryCount(ctx)
+	ctx, span := tp.Tracer(tracerName).Start(ctx, "shaper.callback", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("http.request.method", http.MethodPost), attribute.String("url.full", req.URL.Redacted()), attrRetry.Int(n)))
+	if span.SpanContext().IsValid() {
+		traceW3C.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	}
+	return ctx, span
 }
 
 // callbackDelay is the delivery's RetryDelayFunc: 1s, 2s, 4s ... capped

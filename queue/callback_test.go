@@ -114,6 +114,7 @@ type receiver struct {
 	mu     sync.Mutex
 	got    map[string][]Outcome // by Idempotency-Key
 	bad    []string
+	hook   func(*http.Request) // called with each good delivery, under mu
 	srv    *http.Server
 }
 
@@ -149,6 +150,9 @@ func (r *receiver) serve(ln net.Listener) {
 			r.bad = append(r.bad, fmt.Sprintf("Idempotency-Key %q for call %q", key, o.ID))
 		}
 		r.got[o.ID] = append(r.got[o.ID], o)
+		if r.hook != nil {
+			r.hook(req)
+		}
 	})}
 	go func() { _ = r.srv.Serve(ln) }()
 }
@@ -253,5 +257,43 @@ func TestCallbackConfigRefusedByTheWorker(t *testing.T) {
 	_, err := NewWorker(e.rdb(), WorkerConfig{KeyPrefix: e.prefix, Callbacks: CallbackConfig{Allow: []string{"https://hooks.example.com"}}})
 	if err == nil || !strings.Contains(err.Error(), "secret") {
 		t.Fatalf("callbacks without a secret: %v, want an error naming the secret", err)
+	}
+}
+
+// TestCallbackJoinsTheTrace: a delivery is a span of the call's trace,
+// under its run, and the receiver gets its traceparent.
+func TestCallbackJoinsTheTrace(t *testing.T) {
+	e := newEnv(t)
+	col := newCollector(t)
+	v := e.vendor("cbtrace", policy(100), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	const secret = "k"
+	rc := newReceiver(t, secret)
+	var traceparent string
+	rc.mu.Lock()
+	rc.hook = func(r *http.Request) { traceparent = r.Header.Get("traceparent") }
+	rc.mu.Unlock()
+	e.callbacks = CallbackConfig{Allow: []string{rc.url()}, Secret: secret}
+	ctx, parent := col.tp.Tracer("test").Start(context.Background(), "enqueue")
+	if _, err := e.newClient().Enqueue(ctx, Call{Vendor: v, Path: "/x", Callback: &Callback{URL: rc.url()}}); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+	e.startTracedWorker(col.tp, nil)
+	id := parent.SpanContext().TraceID()
+	waitFor(t, 20*time.Second, "the delivery's span", func() bool { return len(named(col.inTrace(id), "shaper.callback")) == 1 })
+	spans := col.inTrace(id)
+	run := named(spans, callSpan+v)
+	cb := named(spans, "shaper.callback")[0]
+	if len(run) != 1 {
+		t.Fatalf("%d runs of the call in its trace", len(run))
+	}
+	checkChild(t, cb, run[0])
+	if got := attr(cb, "http.response.status_code").AsInt64(); got != http.StatusOK {
+		t.Errorf("shaper.callback: status %d", got)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if want := cb.SpanContext().SpanID().String(); !strings.Contains(traceparent, id.String()) || !strings.Contains(traceparent, want) {
+		t.Errorf("the receiver's traceparent %q, want trace %s, span %s", traceparent, id, want)
 	}
 }

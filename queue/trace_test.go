@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"sync"
 	"testing"
@@ -82,24 +81,8 @@ func checkChild(t *testing.T, child, parent sdktrace.ReadOnlySpan) {
 // startTracedWorker runs a worker whose spans go to tp until the test ends.
 func (e *env) startTracedWorker(tp trace.TracerProvider, setup func(*Worker)) {
 	e.t.Helper()
-	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
-		RetryBackoff: func(int) time.Duration { return time.Second }, TracerProvider: tp,
-		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if setup != nil {
-		setup(w)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("worker: %v", err)
-		}
-	})
+	e.tp = tp
+	e.startWorker(setup)
 }
 
 // traceparents records the traceparent of each request a vendor gets,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
@@ -38,7 +39,8 @@ type env struct {
 	addr      string
 	prefix    string
 	vendors   []Vendor
-	callbacks CallbackConfig // the client's allow-list and the workers' callbacks
+	callbacks CallbackConfig       // the client's allow-list and the workers' callbacks
+	tp        trace.TracerProvider // the workers' spans (nil: the global provider)
 }
 
 func newEnv(t *testing.T) *env {
@@ -75,7 +77,7 @@ func (e *env) newClient() *Client {
 func (e *env) startWorker(setup func(*Worker)) {
 	e.t.Helper()
 	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
-		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport, Callbacks: e.callbacks,
+		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport, Callbacks: e.callbacks, TracerProvider: e.tp,
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		e.t.Fatal(err)
