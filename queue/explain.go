@@ -250,3 +250,22 @@ func isDeferral(msg string) bool {
 }
 
 func timePtr(t time.Time) *time.Time { return &t }
+
+// State is the asynq state of call id in e's queue (e from Explain:
+// e.Vendor and e.Lane say where it is): one read, for following a call
+// until it ends without the price of a whole Explain. ErrNoTask once the
+// queue no longer holds it (cancelled, or past its retention).
+func (c *Client) State(ctx context.Context, e Explanation) (string, error) {
+	lane, err := ParseLane(e.Lane)
+	if err != nil {
+		return "", fmt.Errorf("queue: state of task %s: %w", e.TaskID, err)
+	}
+	info, err := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(laneQueue(e.Vendor, lane), e.TaskID)
+	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return "", fmt.Errorf("%w %q in vendor %s's queue", ErrNoTask, e.TaskID, e.Vendor)
+	}
+	if err != nil {
+		return "", fmt.Errorf("queue: state of task %s: %w", e.TaskID, err)
+	}
+	return info.State.String(), nil
+}

@@ -37,6 +37,16 @@ workers:
   GET  /v1/calls/{id}  what the call waits for, or how it ended (the same
                        as shaper explain --json); ?wait=30s holds the
                        request until it ends (at most a minute)
+  DELETE /v1/calls/{id}
+                       cancels a call that has not started (409 once a
+                       worker holds it)
+  GET  /v1/openapi.json
+                       the OpenAPI 3.1 document of all of it
+
+A call may name "callback": {"url": ...} under the config's [callbacks]
+allow: its outcome is POSTed there, signed, when it ends. With
+OTEL_EXPORTER_OTLP_ENDPOINT or [tracing] set, a POST's traceparent is
+followed and the call's spans join its trace.
 
 It binds to 127.0.0.1 by default. On any other address it needs a token
 (--api-token or SHAPER_API_TOKEN), which every request sends as

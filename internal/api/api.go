@@ -342,25 +342,31 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		wait = min(d, s.o.MaxWait)
 	}
 	deadline := time.Now().Add(wait)
-	for {
-		e, err := s.explain(r.Context(), id)
-		switch {
-		case errors.Is(err, queue.ErrNoTask):
-			writeError(w, http.StatusNotFound, err.Error(), nil)
-			return
-		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
-			return
-		}
-		if ended(e) || !time.Now().Add(s.o.Poll).Before(deadline) {
-			writeJSON(w, http.StatusOK, e)
-			return
-		}
+	e, err := s.explain(r.Context(), id)
+	// While it waits, the request reads only the call's state (one
+	// read, where an Explain of a pending call takes about 20 commands),
+	// and explains it again at the end.
+	for err == nil && !ended(e) && time.Now().Add(s.o.Poll).Before(deadline) {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-time.After(s.o.Poll):
 		}
+		var state string
+		if state, err = s.o.Client.State(r.Context(), e); err == nil && (state == "completed" || state == "archived") {
+			e, err = s.explain(r.Context(), id)
+		}
+	}
+	if err == nil && !ended(e) && wait > 0 {
+		e, err = s.explain(r.Context(), id)
+	}
+	switch {
+	case errors.Is(err, queue.ErrNoTask):
+		writeError(w, http.StatusNotFound, err.Error(), nil)
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
+	default:
+		writeJSON(w, http.StatusOK, e)
 	}
 }
 

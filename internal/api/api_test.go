@@ -209,6 +209,11 @@ func TestRefusals(t *testing.T) {
 			[]byte(fmt.Sprintf("{\"vendor\":%q,\"path\":\"/a\"}\n{\"vendor\":\"nope\",\"path\":\"/b\"}\n", s.vendor)), http.StatusBadRequest, `unknown vendor "nope"`, 2},
 		{"a body too large", "application/x-ndjson", bytes.Repeat(ndjson(s.vendor, "x"), 200), http.StatusRequestEntityTooLarge, "larger than 4096 bytes", 0},
 		{"another media type", "text/plain", []byte("hi"), http.StatusUnsupportedMediaType, "application/x-ndjson", 0},
+		{"a callback while callbacks are off", "application/x-ndjson",
+			[]byte(fmt.Sprintf("{\"vendor\":%q,\"path\":\"/a\"}\n{\"vendor\":%q,\"path\":\"/b\",\"callback\":{\"url\":\"https://hooks.example.com/x\"}}\n", s.vendor, s.vendor)),
+			http.StatusBadRequest, "callbacks are off in this config; list the receivers' URL prefixes in [callbacks] allow", 2},
+		{"a callback that is not a URL", "application/json", []byte(fmt.Sprintf(`{"vendor":%q,"path":"/a","callback":{"url":"hooks"}}`, s.vendor)),
+			http.StatusBadRequest, "want an absolute http or https URL", 1},
 		{"more calls than the queue holds", "application/x-ndjson", ndjson(s.vendor, "a", "b", "c", "d"), http.StatusTooManyRequests, "full", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

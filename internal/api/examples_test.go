@@ -34,11 +34,15 @@ var examples = []struct {
 // is pending (the vendor, taking one call at a time, holds the second
 // until the test ends), and follows the first until it completed with the
 // vendor's 200. The cancelled call never reaches the vendor. Where the
-// interpreter is missing, the test is skipped naming what to install.
+// interpreter is missing, the test is skipped naming what to install
+// (it fails instead with SHAPER_EXAMPLES_REQUIRED set, as in CI).
 func TestExamples(t *testing.T) {
 	for _, ex := range examples {
 		t.Run(ex.file, func(t *testing.T) {
 			if out, err := exec.Command(ex.check[0], ex.check[1:]...).CombinedOutput(); err != nil {
+				if os.Getenv("SHAPER_EXAMPLES_REQUIRED") != "" { // .ci/run installs them
+					t.Fatalf("%s needs %s: %v %s", ex.file, ex.install, err, out)
+				}
 				t.Skipf("%s needs %s: %v %s", ex.file, ex.install, err, out)
 			}
 			s := newSetup(t, Options{Token: "tok"}, 100, true, func(v *queue.Vendor) { v.Concurrency = 1 })
