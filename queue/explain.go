@@ -62,6 +62,12 @@ type Explanation struct {
 	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
 	Status      int        `json:"status,omitempty"` // the vendor's HTTP status (CallResult)
+	// For a finished call: the start of the vendor's answer as stored
+	// (CallResult: 512 bytes, header secrets redacted), and the vendor
+	// calls made (its retries and the last; waits and 429s are not
+	// attempts).
+	Body     string `json:"body_excerpt,omitempty"`
+	Attempts int    `json:"attempts,omitempty"`
 }
 
 // Explain finds task id in the vendors' queues and says what it waits for
@@ -100,8 +106,9 @@ func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *
 		e.Binding = BindDone
 		var res CallResult
 		if json.Unmarshal(info.Result, &res) == nil && res.Status > 0 {
-			e.Status = res.Status
+			e.Status, e.Body = res.Status, res.Excerpt
 		}
+		e.Attempts = info.Retried + 1
 		if !info.CompletedAt.IsZero() {
 			e.CompletedAt = timePtr(info.CompletedAt)
 		}

@@ -171,8 +171,8 @@ func TestPostAndFollow(t *testing.T) {
 	if err := json.Unmarshal(last.body, &e); last.status != http.StatusOK || err != nil {
 		t.Fatalf("GET: %d %s", last.status, last.body)
 	}
-	if e.State != "completed" || e.Status != http.StatusOK || e.TaskID != ids[49] {
-		t.Fatalf("GET ?wait=30s: %+v, want completed with the vendor's 200", e)
+	if e.State != "completed" || e.Status != http.StatusOK || e.TaskID != ids[49] || e.Body != `{"ok":true}` || e.Attempts != 1 {
+		t.Fatalf("GET ?wait=30s: %+v, want completed with the vendor's 200, its body and 1 attempt", e)
 	}
 	for _, id := range ids[:49] { // each ended, in whatever order the workers took them
 		var e queue.Explanation

@@ -25,6 +25,7 @@ var examples = []struct {
 }{
 	{"api_example.py", []string{"python3"}, []string{"python3", "-c", "import requests"},
 		"python3 and requests (Debian: apt-get install python3 python3-requests; else pip install requests)"},
+	{"api_example.sh", []string{"bash"}, []string{"curl", "--version"}, "curl (Debian: apt-get install curl)"},
 	{"api_example.mjs", []string{"node"}, []string{"node", "-e", "process.exit(typeof fetch === 'function' ? 0 : 1)"},
 		"Node.js 18 or later, which has fetch (Debian 12+: apt-get install nodejs)"},
 }
