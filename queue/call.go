@@ -29,6 +29,8 @@ const awaitRedis = 20 * time.Second
 type CallResult struct {
 	Status  int    `json:"status"`
 	Excerpt string `json:"body_excerpt,omitempty"`
+	// SentAt is when the request was sent (for a callback; not stored).
+	SentAt time.Time `json:"-"`
 }
 
 // handle is the asynq handler of every vendor's server: the built-in call
@@ -81,7 +83,7 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		// of the error asynq stores and logs, like the vendor's.
 		err = redactedError{err, call.secrets(rt.secrets)}
 	}
-	w.queueCallback(ctx, rt.vendor.Name, id, call, res, err)
+	w.queueCallback(ctx, rt.vendor.Name, id, t, call, res, err)
 	return err
 }
 
@@ -177,6 +179,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			req.Header.Set("Content-Type", "application/json")
 		}
 		req.Header.Set("Idempotency-Key", id)
+		sent := time.Now()
 		resp, err := client.Do(req)
 		var rl *vendorclients.RateLimitedError
 		if errors.As(err, &rl) && attempt < 10 {
@@ -197,7 +200,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		excerpt = redact(excerpt, call.secrets(rt.secrets))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
-		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt)}
+		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt), SentAt: sent.UTC()}
 		stored, _ := json.Marshal(res)
 		if _, err := t.ResultWriter().Write(stored); err != nil && !w.health.quiet(err) {
 			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)

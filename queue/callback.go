@@ -159,6 +159,13 @@ type Outcome struct {
 	Body     string `json:"body,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Attempts int    `json:"attempts"` // vendor calls made, the last one included (waits and 429s aside)
+	// EnqueuedAt is when the call was queued (by the enqueuer's clock;
+	// absent for a call queued before shaper stamped it).
+	EnqueuedAt time.Time `json:"enqueued_at,omitzero"`
+	// SentAt is when the last attempt's request was sent to the vendor,
+	// after its tick (absent when no answer came: a timeout, a refused
+	// connection).
+	SentAt time.Time `json:"sent_at,omitzero"`
 	// FinishedAt is when the last attempt ended.
 	FinishedAt time.Time `json:"finished_at"`
 }
@@ -188,13 +195,13 @@ func callEnded(ctx context.Context, err error) bool {
 // call and the call asked for one. The delivery's task id is the vendor
 // and call id: a call run twice (a worker killed after its vendor call)
 // queues one delivery while the first is kept.
-func (w *Worker) queueCallback(ctx context.Context, vendor, id string, call Call, res CallResult, err error) {
+func (w *Worker) queueCallback(ctx context.Context, vendor, id string, t *asynq.Task, call Call, res CallResult, err error) {
 	if call.Callback == nil || !callEnded(ctx, err) {
 		return
 	}
 	n, _ := asynq.GetRetryCount(ctx)
 	o := Outcome{ID: id, Vendor: vendor, Account: call.Account, State: "completed", Status: res.Status, Body: res.Excerpt,
-		Attempts: n + 1, FinishedAt: time.Now().UTC()}
+		Attempts: n + 1, EnqueuedAt: enqueuedAt(t), SentAt: res.SentAt, FinishedAt: time.Now().UTC()}
 	if err != nil {
 		o.State, o.Error = "archived", err.Error()
 	}
@@ -205,13 +212,13 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, call Call
 		attempts = DefaultCallbackAttempts
 	}
 	ctx = context.WithoutCancel(ctx)
-	t := traced(ctx, asynq.NewTask(TypeCallback, payload)) // the delivery joins the call's trace
+	delivery := traced(ctx, asynq.NewTask(TypeCallback, payload)) // the delivery joins the call's trace
 	// Redis may be failing over: try for as long as asynq's lease lets
 	// the call's end be recorded, then leave it to the call being run
 	// again.
 	deadline := time.Now().Add(awaitRedis)
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		_, e := w.aq.EnqueueContext(ctx, t, asynq.Queue(CallbackQueueName(w.cfg.KeyPrefix)), asynq.TaskID(vendor+":"+id),
+		_, e := w.aq.EnqueueContext(ctx, delivery, asynq.Queue(CallbackQueueName(w.cfg.KeyPrefix)), asynq.TaskID(vendor+":"+id),
 			asynq.MaxRetry(attempts-1), asynq.Retention(w.cfg.Retention))
 		if e == nil || errors.Is(e, asynq.ErrTaskIDConflict) {
 			return

@@ -206,6 +206,7 @@ func runCallbacks(t *testing.T, n int, down time.Duration) {
 	for i := range calls {
 		calls[i] = Call{ID: fmt.Sprintf("cb-%04d", i), Method: "POST", Path: fmt.Sprintf("/orders/%d", i), Callback: &Callback{URL: rc.url()}}
 	}
+	queued := time.Now().Truncate(time.Microsecond)
 	if _, err := c.EnqueueBatch(context.Background(), v, calls); err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +237,13 @@ func runCallbacks(t *testing.T, n int, down time.Duration) {
 		}
 		if o.Vendor != v || o.State != want || o.Status != status || o.Attempts != 1 || o.FinishedAt.IsZero() {
 			t.Errorf("call %s: outcome %+v, want vendor %s, %s, HTTP %d, 1 attempt", id, o, v, want, status)
+		}
+		// Timings: queued during EnqueueBatch, sent once the worker ran,
+		// finished after it was sent.
+		if o.EnqueuedAt.Before(queued) || o.EnqueuedAt.After(start) || o.SentAt.Before(start) || o.FinishedAt.Before(o.SentAt) {
+			t.Errorf("call %s: enqueued_at %s, sent_at %s, finished_at %s; want queued between %s and %s, sent after, finished last",
+				id, o.EnqueuedAt.Format(time.StampMicro), o.SentAt.Format(time.StampMicro), o.FinishedAt.Format(time.StampMicro),
+				queued.Format(time.StampMicro), start.Format(time.StampMicro))
 		}
 		if want == "archived" && !strings.Contains(o.Body, "no such sku") {
 			t.Errorf("call %s: body %q, want the vendor's answer", id, o.Body)

@@ -33,8 +33,9 @@ import (
 // tracerName is the instrumentation scope of the package's spans.
 const tracerName = "github.com/shaper-dev/shaper/queue"
 
-// Headers of a traced task: the W3C trace context (traceparent,
-// tracestate) and enqueuedHeader, its enqueue time in Unix µs.
+// Headers of a task: enqueuedHeader, its enqueue time in Unix µs (every
+// task: the queue_wait span and a callback's enqueued_at), and, when
+// traced, the W3C trace context (traceparent, tracestate).
 const (
 	traceparentHeader = "traceparent"
 	enqueuedHeader    = "shaper-enqueued"
@@ -66,19 +67,28 @@ const (
 	outcomeFailed   = "failed"   // failed for good
 )
 
-// traced returns t carrying ctx's trace context and the time now in its
-// headers; t itself when ctx holds no span context.
+// traced returns t carrying the time now and ctx's trace context, if it
+// holds one, in its headers.
 func traced(ctx context.Context, t *asynq.Task) *asynq.Task {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return t
-	}
 	h := maps.Clone(t.Headers())
 	if h == nil {
 		h = make(map[string]string, 3)
 	}
-	traceW3C.Inject(ctx, propagation.MapCarrier(h))
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		traceW3C.Inject(ctx, propagation.MapCarrier(h))
+	}
 	h[enqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 	return asynq.NewTaskWithHeaders(t.Type(), t.Payload(), h)
+}
+
+// enqueuedAt is when t was queued, by the enqueuer's clock; zero for a
+// task queued by a version of shaper that did not say.
+func enqueuedAt(t *asynq.Task) time.Time {
+	us, err := strconv.ParseInt(t.Headers()[enqueuedHeader], 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
 }
 
 // run is the span of one run of a task; its zero value (not recording)
@@ -103,9 +113,9 @@ func (w *Worker) startRun(ctx context.Context, rt *vendorRuntime, t *asynq.Task)
 	now := time.Now()
 	retry, _ := asynq.GetRetryCount(ctx)
 	start, enqueued := now, time.Time{}
-	if us, err := strconv.ParseInt(h[enqueuedHeader], 10, 64); err == nil && retry == 0 {
+	if at := enqueuedAt(t); !at.IsZero() && retry == 0 {
 		// The enqueuer's clock: a skew shows as a longer or shorter wait.
-		if enqueued = time.UnixMicro(us); enqueued.Before(now) {
+		if enqueued = at; enqueued.Before(now) {
 			start = enqueued
 		} else {
 			enqueued = now
