@@ -486,3 +486,44 @@ func TestSameTaskAsEnqueueBatch(t *testing.T) {
 		t.Errorf("task headers: API %v, EnqueueBatch %v", a, g)
 	}
 }
+
+// TestRefusesACallbackOutsideTheAllowList: with [callbacks] allow set, a
+// body with one call whose callback is elsewhere queues nothing, and the
+// answer names its line and the allow-list.
+func TestRefusesACallbackOutsideTheAllowList(t *testing.T) {
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	name := "api-" + strings.ReplaceAll(prefix, ":", "-")
+	vend := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: "http://127.0.0.1:9", Timeout: time.Second},
+		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}}}}
+	c := queue.NewClient(rdb, queue.ClientConfig{Vendors: []queue.Vendor{vend}, KeyPrefix: prefix,
+		CallbackAllow: []string{"https://hooks.example.com/shaper"}})
+	t.Cleanup(func() { _ = c.Close() })
+	srv := httptest.NewServer(checkedByOpenAPI(t, New(Options{Client: c})))
+	t.Cleanup(srv.Close)
+
+	body := fmt.Sprintf(`{"vendor":%q,"path":"/a","callback":{"url":"https://hooks.example.com/shaper/done"}}
+{"vendor":%q,"path":"/b","callback":{"url":"https://hooks.example.com/shaperx"}}
+{"vendor":%q,"path":"/c","callback":{"url":"https://evil.example.net/shaper"}}
+`, name, name, name)
+	a := do(t, "POST", srv.URL+"/v1/calls", "application/x-ndjson", "", []byte(body))
+	var refusal struct {
+		Lines []lineError `json:"lines"`
+	}
+	if err := json.Unmarshal(a.body, &refusal); err != nil || a.status != http.StatusBadRequest {
+		t.Fatalf("%d %s, want 400 naming lines 2 and 3", a.status, a.body)
+	}
+	var named []int
+	for _, l := range refusal.Lines {
+		if !strings.Contains(l.Error, "not under any prefix of [callbacks] allow") {
+			t.Errorf("line %d: %q, want it to name [callbacks] allow", l.Line, l.Error)
+		}
+		named = append(named, l.Line)
+	}
+	if fmt.Sprint(named) != "[2 3]" {
+		t.Errorf("lines named %v, want [2 3] (a prefix matches at a path segment's end only): %s", named, a.body)
+	}
+	if n, err := c.Waiting(context.Background(), name); err != nil || n != 0 {
+		t.Errorf("%d calls waiting after a refused body (%v), want 0", n, err)
+	}
+}
