@@ -160,6 +160,7 @@ func soak(t *testing.T, f soakFault) {
 		f.name, s.DuplicateKeys, s.MaxPerWindow, mb, short, ma)
 	if s.MaxPerWindow > rate || mb > rate || ma > lowered {
 		t.Errorf("G1: %d per vendor window, %d per sliding %s before the edit (limit %d), %d after (limit %d)", s.MaxPerWindow, mb, short, rate, ma, lowered)
+		logBusiestSpan(t, vend.Requests(), start, edited.Add(time.Second), short)
 	}
 	// What the workers said of the faults.
 	for i, l := range logs {
@@ -210,4 +211,34 @@ func longestGap(ts []time.Time) gapAt {
 		}
 	}
 	return g
+}
+
+// logBusiestSpan logs the requests of the busiest span w long from from
+// on: each one's time from start, its key and how many times the vendor
+// saw that key, to tell a burst of the gate from calls sent twice.
+func logBusiestSpan(t *testing.T, reqs []vendorsim.Request, start, from time.Time, w time.Duration) {
+	t.Helper()
+	seen := map[string]int{}
+	var rs []vendorsim.Request
+	for _, r := range reqs {
+		seen[r.Key]++
+		if !r.At.Before(from) {
+			rs = append(rs, r)
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].At.Before(rs[j].At) })
+	best, bi, j := 0, 0, 0
+	for i := range rs {
+		for rs[i].At.Sub(rs[j].At) >= w {
+			j++
+		}
+		if i-j+1 > best {
+			best, bi = i-j+1, j
+		}
+	}
+	var b strings.Builder
+	for _, r := range rs[bi : bi+best] {
+		fmt.Fprintf(&b, " %.3fs %s(x%d)", r.At.Sub(start).Seconds(), r.Key, seen[r.Key])
+	}
+	t.Logf("the busiest %s after %.1fs: %d calls:%s", w, from.Sub(start).Seconds(), best, b.String())
 }
