@@ -228,9 +228,14 @@ func TestFIFO(t *testing.T) {
 			far++
 		}
 	}
-	t.Logf("%d calls: largest move %d places, %d moved more than 5", n, maxShift, far)
-	if far > n/20 {
-		t.Errorf("%d of %d calls released more than 5 places from their enqueue position", far, n)
+	// A tick given up (its caller woke later than the tolerance, or a
+	// pause began) is the caller asking again at the back: G3's "retries
+	// aside". On a quiet machine there are none; on a busy one each moves
+	// its own call, and no other call, more than a few places.
+	st := e.stats(name)
+	t.Logf("%d calls: largest move %d places, %d moved more than 5; %d ticks given up late, %d dropped, %d reservations deferred", n, maxShift, far, st.Late, st.Dropped, st.Deferred)
+	if int64(far) > int64(n/20)+st.Late+st.Dropped {
+		t.Errorf("%d of %d calls released more than 5 places from their enqueue position, %d of their ticks given up", far, n, st.Late+st.Dropped)
 	}
 }
 
