@@ -405,7 +405,10 @@ func splitOptions(opts []asynq.Option) (callOptions, []asynq.Option) {
 // opts may override them. Register its handler with Worker.Handle. With
 // WaitReplicas set, the task is queued even when ErrNotReplicated is
 // returned (with its info). Cost and Priority set what its calls cost and
-// its lane; a cost no limit of the vendor admits is refused.
+// its lane; a cost no limit of the vendor admits is refused. Pass asynq's
+// options here rather than to asynq.NewTask: a task that carries shaper's
+// headers (an account, a cost, the high lane, a trace context) is rebuilt
+// with them, and asynq cannot read back the options a task was made with.
 func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	info, err := c.enqueueTask(ctx, to, t, opts...)
 	if err != nil {

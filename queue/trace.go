@@ -34,8 +34,9 @@ import (
 const tracerName = "github.com/shaper-dev/shaper/queue"
 
 // Headers of a task: enqueuedHeader, its enqueue time in Unix µs (every
-// task: the queue_wait span and a callback's enqueued_at), and, when
-// traced, the W3C trace context (traceparent, tracestate).
+// call, and a traced task of the user's type: the queue_wait span and a
+// callback's enqueued_at), and, when traced, the W3C trace context
+// (traceparent, tracestate).
 const (
 	traceparentHeader = "traceparent"
 	enqueuedHeader    = "shaper-enqueued"
@@ -68,8 +69,14 @@ const (
 )
 
 // traced returns t carrying the time now and ctx's trace context, if it
-// holds one, in its headers.
+// holds one, in its headers. A task of the user's own type without a
+// span context is t itself: a task rebuilt with headers loses the options
+// given to asynq.NewTask (asynq cannot read them back), so it is rebuilt
+// only when there is a trace to carry.
 func traced(ctx context.Context, t *asynq.Task) *asynq.Task {
+	if t.Type() != TypeCall && t.Type() != TypeCallback && !trace.SpanContextFromContext(ctx).IsValid() {
+		return t
+	}
 	h := maps.Clone(t.Headers())
 	if h == nil {
 		h = make(map[string]string, 3)

@@ -353,3 +353,19 @@ func TestTraceUserTask(t *testing.T) {
 		t.Errorf("the vendor saw traceparents %v, want %v", seen, want)
 	}
 }
+
+// TestUntracedTaskKeepsItsOptions: a task of the user's own type,
+// enqueued with no trace and none of shaper's headers, is queued as
+// given, with the options it was made with.
+func TestUntracedTaskKeepsItsOptions(t *testing.T) {
+	e := newEnv(t)
+	v := e.vendor("opts", policy(10), 0, http.NotFoundHandler())
+	c := e.newClient()
+	info, err := c.EnqueueTask(context.Background(), Target{Vendor: v}, asynq.NewTask("test:opts", nil, asynq.Timeout(7*time.Second), asynq.TaskID("with-opts")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ID != "with-opts" || info.Timeout != 7*time.Second {
+		t.Errorf("queued as %s with timeout %s, want with-opts and 7s: the task's own options were lost", info.ID, info.Timeout)
+	}
+}
