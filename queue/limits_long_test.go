@@ -181,6 +181,7 @@ func TestLongHighLaneGoesFirst(t *testing.T) {
 	t.Parallel()
 	for _, perAccount := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per_account=%v", perAccount), func(t *testing.T) {
+			t.Parallel() // two workers at 20/s each: light beside each other
 			e := newEnv(t)
 			vend := &vendorsim.Mock{Rate: 20, Window: time.Second, Phase: randomPhase(time.Second)}
 			p := shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}
