@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-nginx test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
+.PHONY: build test test-redis test-browser test-nginx test-examples test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -17,8 +17,8 @@ build:
 # start, kill and restart redis-server processes of their own: restarts,
 # a stale copy, a cluster, a replica, TLS, eviction), make
 # test-browser (the live page in Chromium), make test-nginx (the
-# reference limiter against a real nginx); .ci/run installs them and runs
-# them. The first command builds every test binary on both cores; the
+# reference limiter against a real nginx), make test-examples (docs'
+# curl, Python and Node examples); .ci/run installs them and runs them. The first command builds every test binary on both cores; the
 # second runs them two packages at a time (-p 2), light scenarios of one
 # package side by side (-parallel 8). -short skips the long scenarios,
 # which make test-long runs. Every wall-clock test asserts safety only
@@ -46,6 +46,13 @@ test-browser:
 # install, where nginx is missing.
 test-nginx:
 	$(GO) test -tags nginx -count=1 ./internal/nginxtest
+
+# docs/examples' programs (curl, Python with requests, Node 18+ fetch)
+# against a real API, worker and vendor (the test file is built with
+# -tags examples only): fails, saying what to install, where one is
+# missing.
+test-examples:
+	$(GO) test -tags examples -count=1 -run '^TestExamples$$' ./internal/api
 
 # make test under the race detector, with the tests that need
 # redis-server: about 9 minutes from a cold cache (the race build of
@@ -113,12 +120,12 @@ bench:
 	$(GO) run ./bench -scale -out docs
 
 # The HTTP API's bar, end to end with real processes (docs/results.md):
-# bin/shaper serve and one worker, driven by bench/api_bar.py (Python's
+# shaper serve and one worker (built by the test), driven by bench/api_bar.py (Python's
 # urllib alone, serving the vendor itself): 1,000 calls in one NDJSON
 # POST all done, 0 429s, none twice, a second POST queuing nothing, GET
 # ?wait= within 100 ms of a call's end. Needs python3; about 10 s.
-bench-api: build
-	SHAPER_BIN=$(CURDIR)/bin/shaper $(GO) test -count=1 -v -run '^TestBarFromPython$$' ./internal/api
+bench-api:
+	$(GO) test -count=1 -v -run '^TestBarFromPython$$' ./internal/api
 
 # The learning figures (docs/learning.md): the simulator's table (the same
 # on every machine; TestLearningSimulated also asserts it in make test)
@@ -147,9 +154,11 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags browser ./cmd/shaper
 	$(GO) vet -tags nginx ./internal/nginxtest
+	$(GO) vet -tags examples ./internal/api
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags browser ./cmd/shaper
 	$(STATICCHECK) -tags nginx ./internal/nginxtest
+	$(STATICCHECK) -tags examples ./internal/api
 
 # A short fuzz run of every parser, as CI runs it: a fixed number of
 # inputs (a time budget can end mid-input and fail with "context deadline

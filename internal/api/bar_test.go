@@ -19,8 +19,8 @@ import (
 )
 
 // TestBarFromPython is the API's bar, end to end with real processes:
-// `shaper serve` and one `shaper worker` (the binary $SHAPER_BIN, else
-// one built here), and bench/api_bar.py, which serves the vendor (200
+// `shaper serve` and one `shaper worker` (a binary built here), and
+// bench/api_bar.py, which serves the vendor (200
 // calls a second in fixed windows at a random phase, 429 beyond) and
 // drives the API with Python's urllib alone: 1,000 calls in one NDJSON
 // POST all done, 0 429s, none twice, a second POST queues nothing, and
@@ -31,14 +31,11 @@ func TestBarFromPython(t *testing.T) {
 		t.Skip("end to end with real processes: make bench-api runs it")
 	}
 	if out, err := exec.Command("python3", "--version").CombinedOutput(); err != nil {
-		t.Skipf("bench/api_bar.py needs python3 (Debian: apt-get install python3): %v %s", err, out)
+		t.Fatalf("bench/api_bar.py needs python3 (Debian: apt-get install python3): %v %s", err, out)
 	}
-	bin := os.Getenv("SHAPER_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "shaper")
-		if out, err := exec.Command("go", "build", "-o", bin, "github.com/shaper-dev/shaper/cmd/shaper").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
+	bin := filepath.Join(t.TempDir(), "shaper")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/shaper-dev/shaper/cmd/shaper").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the script's vendor
 	if err != nil {
