@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -76,14 +75,7 @@ func (p *parser) callbacks(raw map[string]any) Callbacks {
 // set is an error naming it.
 func (c Callbacks) Expand() (queue.CallbackConfig, error) {
 	var missing []string
-	secret := envRef.ReplaceAllStringFunc(c.Secret, func(ref string) string {
-		name := envRef.FindStringSubmatch(ref)[1]
-		x, ok := os.LookupEnv(name)
-		if !ok {
-			missing = append(missing, name)
-		}
-		return x
-	})
+	secret := expandEnv(c.Secret, &missing)
 	if len(missing) > 0 {
 		sort.Strings(missing)
 		return queue.CallbackConfig{}, fmt.Errorf("config: callbacks.secret: environment variable(s) %s not set; export them before starting the worker", strings.Join(missing, ", "))

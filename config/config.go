@@ -183,6 +183,19 @@ func (o Override) apply(v Vendor) Vendor {
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
+// expandEnv replaces each ${NAME} in s with the variable's value, adding
+// the names of variables that are not set to *missing.
+func expandEnv(s string, missing *[]string) string {
+	return envRef.ReplaceAllStringFunc(s, func(ref string) string {
+		name := envRef.FindStringSubmatch(ref)[1]
+		x, ok := os.LookupEnv(name)
+		if !ok {
+			*missing = append(*missing, name)
+		}
+		return x
+	})
+}
+
 // ExpandHeaders returns the vendor's headers with ${NAME} replaced by the
 // environment; a variable that is not set is an error naming it (never
 // its would-be value).
@@ -190,14 +203,7 @@ func (v Vendor) ExpandHeaders() (map[string]string, error) {
 	out := make(map[string]string, len(v.Headers))
 	var missing []string
 	for k, val := range v.Headers {
-		out[k] = envRef.ReplaceAllStringFunc(val, func(ref string) string {
-			name := envRef.FindStringSubmatch(ref)[1]
-			x, ok := os.LookupEnv(name)
-			if !ok {
-				missing = append(missing, name)
-			}
-			return x
-		})
+		out[k] = expandEnv(val, &missing)
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)

@@ -9,6 +9,7 @@ package queue
 // the delivery's Idempotency-Key.
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -304,7 +305,7 @@ func (w *Worker) deliver(client *http.Client) asynq.HandlerFunc {
 		if _, after, ok := strings.Cut(id, ":"); ok {
 			callID = after
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ct.URL, strings.NewReader(string(ct.Body)))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ct.URL, bytes.NewReader(ct.Body))
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 		}
