@@ -78,13 +78,13 @@ test-race:
 # their arrival), and the high lane's, whose normal calls must keep their
 # order as a whole (under -race beside the CLI scenarios, one CI run saw
 # a per-account backlog slowed to two thirds of its rate lose its order:
-# rank correlation 0.851, bound 0.95). Their code paths run under -race
+# rank correlation 0.851, bound 0.95), and FIFO's likewise. Their code paths run under -race
 # in make test-race. Every wall-clock scenario asserts safety only (no window
 # above its limit, 429s bounded, nothing lost) and logs its shares; make
 # bench-learn collects them. About 7 minutes (409 s on a clean clone
 # here, 2026-12-03).
 LONG_PKGS := $(filter-out ./cmd/shaper/,$(sort $(dir $(shell grep -rl --include='*_test.go' '^func TestLong' .))))
-UNRACED := 'TestLong(StrictSpacing|SpacingVendorRetryAfter|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor|HighLaneGoesFirst)'
+UNRACED := 'TestLong(StrictSpacing|SpacingVendorRetryAfter|NetworkJitter|ConvergesOnTheTrueLimit|OneAccountsBacklogDelaysNoOther|CostsAgainstAUnitVendor|HighLaneGoesFirst|FIFO)'
 test-long:
 	@$(MAKE) --no-print-directory test-long-cli > test-long-cli.txt 2>&1 & cli=$$!; \
 	echo "make test-long-cli (beside the next, its output below it)"; \
