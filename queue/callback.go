@@ -76,7 +76,8 @@ type CallbackConfig struct {
 // CallbackConfig.Allow.
 var ErrCallbackNotAllowed = errors.New("queue: callback URL not allowed")
 
-// checkCallbackURL checks that raw is an absolute http(s) URL.
+// checkCallbackURL checks that raw is an absolute http(s) URL whose path
+// is plain (plainPath).
 func checkCallbackURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	switch {
@@ -89,7 +90,30 @@ func checkCallbackURL(raw string) (*url.URL, error) {
 	case u.Fragment != "":
 		return nil, fmt.Errorf("callback url %q: no #fragment in a callback URL", raw)
 	}
+	if err := plainPath(u); err != nil {
+		return nil, fmt.Errorf("callback url %q: %w", raw, err)
+	}
 	return u, nil
+}
+
+// plainPath refuses a URL path that a receiver could resolve to another
+// path than the one the allow-list checks: a "." or ".." segment, also
+// percent-encoded (%2e%2e) or with ;parameters (..;), and an encoded
+// slash (%2f) or a backslash, raw or encoded (%5c), which some servers
+// take for a slash.
+func plainPath(u *url.URL) error {
+	escaped := u.EscapedPath()
+	lower := strings.ToLower(escaped)
+	if strings.Contains(lower, "%2f") || strings.Contains(lower, "%5c") || strings.ContainsAny(u.Path, "\\\x00") {
+		return errors.New("an encoded slash (%2f) or a backslash in its path could be read as a slash by the receiver; write the path with plain slashes")
+	}
+	for _, seg := range strings.Split(u.Path, "/") {
+		seg, _, _ = strings.Cut(seg, ";")
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("its path has a %q segment (dot-segments, also percent-encoded, could leave an allowed prefix); write the path without them", seg)
+		}
+	}
+	return nil
 }
 
 // CheckCallbackAllow checks the entries of an allow-list, for the config.
@@ -106,23 +130,37 @@ func CheckCallbackAllow(allow []string) error {
 	return nil
 }
 
-// allowed reports whether u is under one of the allow-list's prefixes:
-// the same scheme and host (with port, case-insensitive), and a path that
-// is the prefix's path or below it (a prefix ending in a name, /hooks,
-// allows /hooks and /hooks/..., never /hooks-evil).
+// allowed reports whether u is under one of the allow-list's prefixes
+// (underPrefix); a URL whose path is not plain (plainPath) is under none.
 func allowed(allow []string, u *url.URL) bool {
+	if plainPath(u) != nil {
+		return false
+	}
 	for _, a := range allow {
-		p, err := url.Parse(a)
-		if err != nil || !strings.EqualFold(p.Scheme, u.Scheme) || !strings.EqualFold(p.Host, u.Host) {
-			continue
-		}
-		prefix := strings.TrimSuffix(p.EscapedPath(), "/")
-		path := u.EscapedPath()
-		if prefix == "" || path == prefix || strings.HasPrefix(path, prefix+"/") {
+		if _, ok := underPrefix(a, u); ok {
 			return true
 		}
 	}
 	return false
+}
+
+// underPrefix reports whether u is under the allowed prefix a: the same
+// scheme and host (with port, case-insensitive), and a path that is the
+// prefix's path or below it (a prefix ending in a name, /hooks, allows
+// /hooks and /hooks/..., never /hooks-evil), compared decoded, the way
+// the receiver reads them (so /hoo%6bs is /hooks). n is the length of the
+// prefix's path: the longest match names a receiver (secretFor). u's path
+// must be plain (plainPath).
+func underPrefix(a string, u *url.URL) (n int, ok bool) {
+	p, err := url.Parse(a)
+	if err != nil || !strings.EqualFold(p.Scheme, u.Scheme) || !strings.EqualFold(p.Host, u.Host) || plainPath(p) != nil {
+		return 0, false
+	}
+	prefix := strings.TrimSuffix(p.Path, "/")
+	if prefix == "" || u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/") {
+		return len(prefix), true
+	}
+	return 0, false
 }
 
 // checkCallback checks a call's callback against allow.
@@ -132,6 +170,9 @@ func checkCallback(allow []string, cb *Callback) error {
 	}
 	u, err := checkCallbackURL(cb.URL)
 	if err != nil {
+		if len(allow) > 0 {
+			return fmt.Errorf("%w: %w (allowed prefixes, [callbacks] allow: %s)", ErrBadCall, err, strings.Join(allow, ", "))
+		}
 		return fmt.Errorf("%w: %w", ErrBadCall, err)
 	}
 	if len(allow) == 0 {

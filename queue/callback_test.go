@@ -11,10 +11,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
@@ -303,5 +307,89 @@ func TestCallbackJoinsTheTrace(t *testing.T) {
 	defer rc.mu.Unlock()
 	if want := cb.SpanContext().SpanID().String(); !strings.Contains(traceparent, id.String()) || !strings.Contains(traceparent, want) {
 		t.Errorf("the receiver's traceparent %q, want trace %s, span %s", traceparent, id, want)
+	}
+}
+
+// TestCallbackPathsThatLeaveThePrefix: a callback URL whose path a
+// receiver could resolve outside its allowed prefix (dot-segments, also
+// percent-encoded or with ;parameters, encoded slashes, backslashes) is
+// refused at enqueue, with an error naming the URL and the allow-list,
+// and a delivery queued with one anyway (an older shaper, a task not
+// queued through a Client) is archived by the worker, never sent.
+func TestCallbackPathsThatLeaveThePrefix(t *testing.T) {
+	var mu sync.Mutex
+	var hits []string
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits = append(hits, r.URL.RawPath+" "+r.URL.Path)
+		mu.Unlock()
+	}))
+	t.Cleanup(rc.Close)
+	allow := []string{rc.URL + "/hooks/"}
+	bad := []string{
+		rc.URL + "/hooks/../admin",
+		rc.URL + "/hooks/%2e%2e/admin",
+		rc.URL + "/hooks/%2E%2E/admin",
+		rc.URL + "/hooks/.%2e/admin",
+		rc.URL + "/hooks/..;/admin",
+		rc.URL + "/hooks/./../admin",
+		rc.URL + "/hooks/x/../../admin",
+		rc.URL + "/hooks/..%2fadmin",
+		rc.URL + "/hooks/..%2Fadmin",
+		rc.URL + "/hooks/..%5cadmin",
+		rc.URL + "/hooks/..\\admin",
+	}
+	for _, u := range bad {
+		err := checkCallback(allow, &Callback{URL: u})
+		if err == nil || !errors.Is(err, ErrBadCall) || !strings.Contains(err.Error(), fmt.Sprintf("%q", u)) || !strings.Contains(err.Error(), allow[0]) {
+			t.Errorf("%s: %v, want ErrBadCall naming the URL and the allow-list", u, err)
+		}
+		if parsed, perr := url.Parse(u); perr == nil && allowed(allow, parsed) {
+			t.Errorf("%s: allowed() says it is under %s", u, allow[0])
+		}
+	}
+	for _, u := range []string{rc.URL + "/hooks/a..b", rc.URL + "/hooks/.well", rc.URL + "/hooks/x?next=../admin"} {
+		if err := checkCallback(allow, &Callback{URL: u}); err != nil {
+			t.Errorf("%s: %v, want it allowed (no dot-segment)", u, err)
+		}
+	}
+	if err := checkCallbackConfig(CallbackConfig{Allow: []string{rc.URL + "/hooks/../"}, Secret: "k"}); err == nil {
+		t.Error("an allowed prefix with a dot-segment was accepted")
+	}
+
+	// At delivery: tasks queued past the Client.
+	e := newEnv(t)
+	e.callbacks = CallbackConfig{Allow: allow, Secret: "k"}
+	aq := asynq.NewClientFromRedisClient(e.rdb())
+	t.Cleanup(func() { _ = aq.Close() })
+	var ids []string
+	for i, u := range bad {
+		payload, _ := json.Marshal(callbackTask{URL: u, Body: json.RawMessage(`{"id":"x"}`)})
+		id := fmt.Sprintf("v:dot-%d", i)
+		if _, err := aq.Enqueue(asynq.NewTask(TypeCallback, payload), asynq.Queue(CallbackQueueName(e.prefix)), asynq.TaskID(id), asynq.MaxRetry(3)); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	e.startWorker(nil)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	for i, id := range ids {
+		var info *asynq.TaskInfo
+		waitFor(t, 20*time.Second, "delivery "+id+" to end", func() bool {
+			var err error
+			info, err = insp.GetTaskInfo(CallbackQueueName(e.prefix), id)
+			return err == nil && (info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted)
+		})
+		if info.State != asynq.TaskStateArchived {
+			t.Errorf("delivery to %s: %s, want archived unsent", bad[i], info.State)
+		}
+		if !strings.Contains(info.LastErr, "segment") && !strings.Contains(info.LastErr, "slash") {
+			t.Errorf("delivery to %s archived with %q, want the path's problem named", bad[i], info.LastErr)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hits) > 0 {
+		t.Errorf("the receiver was called at %q", hits)
 	}
 }
