@@ -177,7 +177,7 @@ func TestBaseURLAccount(t *testing.T) {
 func TestOverrideAccountNames(t *testing.T) {
 	long := strings.Repeat("a", queue.MaxAccountLen)
 	good := []string{"a", "store-42", "Big.Store_1", "user@example.com", "org:team+x=y", long}
-	bad := []string{"", "a b", "a/b", "a{b}", "a|b", "ü", "tab\t", long + "a"}
+	bad := []string{"", "a b", "a/b", "a{b}", "a|b", "ü", "tab\t", long + "a", ".", "..", "...", "a%2Fb"}
 	cfgOf := func(baseURL, account string) string {
 		return "[vendors.shop]\nbase_url = \"" + baseURL + "\"\nper_account = true\nrate = 2\naccount_overrides = [ { account = \"" + account + "\", rate = 3 } ]\n"
 	}

@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // MaxAccountLen is the longest account name (all its characters are
@@ -13,11 +14,14 @@ const MaxAccountLen = 128
 var ErrBadAccount = errors.New("queue: invalid account name")
 
 // CheckAccount reports whether name can name an account of a per-account
-// vendor: 1 to MaxAccountLen characters from A-Z a-z 0-9 . _ @ : + = -.
-// The rule is the one place account names are checked, by the config
+// vendor: 1 to MaxAccountLen characters from A-Z a-z 0-9 . _ @ : + = -,
+// not only dots. The rule is the one place account names are checked, by the config
 // (account_overrides) and at enqueue alike. It keeps names safe inside
 // Redis keys and hash tags (no braces, no '|'), in log lines (no spaces
-// or control characters) and in a URL path segment (no slashes).
+// or control characters) and in a URL path segment: no slashes,
+// backslashes or '%', and never ".", ".." or any other name made only of
+// dots, which a base_url such as https://v/stores/{account}/api would
+// resolve to a path outside the account's (/stores/../api).
 func CheckAccount(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: an account name is 1 to %d characters from A-Z a-z 0-9 . _ @ : + = -, not empty", ErrBadAccount, MaxAccountLen)
@@ -27,6 +31,10 @@ func CheckAccount(name string) error {
 			return fmt.Errorf("%w: account %q: %q is not allowed; an account name is made of A-Z a-z 0-9 . _ @ : + = - (no spaces, braces, slashes or '|')",
 				ErrBadAccount, name, r)
 		}
+	}
+	if strings.Trim(name, ".") == "" {
+		return fmt.Errorf("%w: account %q is only dots: in a URL path \".\" and \"..\" name the segment itself and its parent, so {account} in base_url would leave the account's path; an account name needs a character other than '.'",
+			ErrBadAccount, name)
 	}
 	if len(name) > MaxAccountLen {
 		return fmt.Errorf("%w: account %.20q... has %d characters; an account name has at most %d", ErrBadAccount, name, len(name), MaxAccountLen)

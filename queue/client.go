@@ -547,10 +547,10 @@ func (c *Client) checkAccount(vendor, account string) error {
 		return nil
 	}
 	if err := CheckAccount(account); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadCall, err)
+		return fmt.Errorf("%w: vendor %s: %w", ErrBadCall, vendor, err)
 	}
 	if _, err := vendorclients.AccountBaseURL(v.BaseURL, account); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadCall, err)
+		return fmt.Errorf("%w: vendor %s: %w", ErrBadCall, vendor, err)
 	}
 	return nil
 }

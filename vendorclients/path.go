@@ -3,6 +3,7 @@ package vendorclients
 import (
 	"fmt"
 	"net/url"
+	pathpkg "path"
 	"regexp"
 	"strings"
 )
@@ -45,9 +46,17 @@ var hostAccount = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
 // AccountBaseURL returns base with {account} replaced by account:
 // path-escaped in the path, and in the host only when account is a DNS
 // label (1-63 of a-z 0-9 -). A base without {account} is returned as is.
+// The result must stay under base: its path has no "." or ".." segment
+// (an account such as ".." would otherwise turn /stores/{account}/api
+// into /stores/../api) and, cleaned, still starts with base's path up to
+// {account}; an account that breaks either is an error wrapping
+// ErrBadPath, whatever checked it before.
 func AccountBaseURL(base, account string) (string, error) {
 	if !strings.Contains(base, AccountRef) {
 		return base, nil
+	}
+	if account == "" {
+		return "", fmt.Errorf("vendorclients: base_url %s names {account} and the call names none", base)
 	}
 	scheme, rest, ok := strings.Cut(base, "://")
 	if !ok {
@@ -63,6 +72,32 @@ func AccountBaseURL(base, account string) (string, error) {
 	out := scheme + "://" + host
 	if path != "" || strings.HasSuffix(rest, "/") {
 		out += "/" + strings.ReplaceAll(path, AccountRef, url.PathEscape(account))
+		if err := underBase("/"+path, out); err != nil {
+			return "", fmt.Errorf("vendorclients: %w: account %q in base_url %s: %w", ErrBadPath, account, base, err)
+		}
 	}
 	return out, nil
+}
+
+// underBase reports why resolved, a base URL with {account} replaced in
+// basePath (the base's path, {account} still in it), is not under the
+// base: a "." or ".." segment, or a cleaned path that does not start with
+// basePath's part before {account}.
+func underBase(basePath, resolved string) error {
+	u, err := url.Parse(resolved)
+	if err != nil {
+		return fmt.Errorf("it resolves to %q, not a URL: %w", resolved, err)
+	}
+	// Decoded: a vendor that decodes %2F before it resolves dot segments
+	// must not be led out either.
+	for _, seg := range strings.Split(u.Path, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("it resolves to %s, with a %q segment that leaves the account's path", u.Redacted(), seg)
+		}
+	}
+	prefix, _, _ := strings.Cut(basePath, AccountRef)
+	if clean := pathpkg.Clean(u.Path); !strings.HasPrefix(clean+"/", prefix) && !strings.HasPrefix(clean, prefix) {
+		return fmt.Errorf("it resolves to %s, outside %s", u.Redacted(), prefix)
+	}
+	return nil
 }

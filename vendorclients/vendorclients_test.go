@@ -3,6 +3,8 @@ package vendorclients
 import (
 	"errors"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 	"testing"
 	"time"
@@ -68,9 +70,15 @@ func TestCheckPath(t *testing.T) {
 	}
 }
 
+// FuzzCheckPath: a path CheckPath accepts, joined to a base_url, and an
+// account AccountBaseURL accepts, put for {account}, never leave the base
+// URL (the account's part of it).
 func FuzzCheckPath(f *testing.F) {
-	for _, s := range []string{"/orders", "/a/../b", "//h/x", "/a/%2e%2e/b", "/x?y=z"} {
-		f.Add(s)
+	for _, s := range []string{"/orders", "/a/../b", "//h/x", "/a/%2e%2e/b", "/x?y=z", "/stores/../api", "/.%2e/x", "/%2E/"} {
+		f.Add(s, "store-42")
+	}
+	for _, a := range []string{".", "..", "...", "%2e%2e", "%2E.", "a/../b", "../x", "a%2Fb", `..\`, ".\x00", "a..b", ""} {
+		f.Add("/orders", a)
 	}
 	c := &Client{}
 	var err error
@@ -78,7 +86,20 @@ func FuzzCheckPath(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Fuzz(func(t *testing.T, p string) {
+	const perAccount = "https://api.example.com/stores/{account}/v1"
+	f.Fuzz(func(t *testing.T, p, account string) {
+		if raw, err := AccountBaseURL(perAccount, account); err == nil {
+			u, err := url.Parse(raw)
+			want := "/stores/" + url.PathEscape(account) + "/v1"
+			if err != nil || u.Host != "api.example.com" || u.EscapedPath() != want || !strings.HasPrefix(path.Clean(u.Path), "/stores/") {
+				t.Errorf("account %q left the base URL: %s (want the path %s)", account, raw, want)
+			}
+			for _, seg := range strings.Split(u.Path, "/") {
+				if seg == "." || seg == ".." {
+					t.Errorf("account %q: %s has a %q segment", account, raw, seg)
+				}
+			}
+		}
 		if CheckPath(p) != nil {
 			return
 		}
