@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,7 +30,8 @@ const awaitRedis = 20 * time.Second
 type CallResult struct {
 	Status  int    `json:"status"`
 	Excerpt string `json:"body_excerpt,omitempty"`
-	// SentAt is when the request was sent (for a callback; not stored).
+	// SentAt is when the request went out (its headers written, after its
+	// tick), for a callback; not stored.
 	SentAt time.Time `json:"-"`
 }
 
@@ -100,13 +102,11 @@ func taskRequest(t *asynq.Task) shaper.Request {
 	return r
 }
 
-// secrets returns the header values to redact from what the call leaves
-// behind: the vendor's (vendorSecrets) and the call's own.
+// secrets returns the values to redact from what the call leaves
+// behind: the vendor's header values (vendorSecrets), the call's own, and
+// its query's.
 func (c Call) secrets(vendorSecrets []string) []string {
-	if len(c.Headers) == 0 {
-		return vendorSecrets
-	}
-	return append(headerSecrets(c.Headers), vendorSecrets...)
+	return slices.Concat(headerSecrets(c.Headers), querySecrets(c.Path), vendorSecrets)
 }
 
 // redactedError is err with secrets replaced in its message; errors.Is
@@ -179,7 +179,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			req.Header.Set("Content-Type", "application/json")
 		}
 		req.Header.Set("Idempotency-Key", id)
-		sent := time.Now()
+		req, sent := traceSent(req)
 		resp, err := client.Do(req)
 		var rl *vendorclients.RateLimitedError
 		if errors.As(err, &rl) && attempt < 10 {
@@ -194,13 +194,12 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			if ctx.Err() != nil {
 				return err
 			}
-			return fmt.Errorf("%s %s: %w", call.Method, call.Path, err)
+			return fmt.Errorf("%s %s: %w", call.Method, safePath(call.Path), safeError(err))
 		}
-		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, excerptBytes))
-		excerpt = redact(excerpt, call.secrets(rt.secrets))
+		excerpt := readExcerpt(resp.Body, excerptBytes, call.secrets(rt.secrets))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
-		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt), SentAt: sent.UTC()}
+		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt), SentAt: sent().UTC()}
 		stored, _ := json.Marshal(res)
 		if _, err := t.ResultWriter().Write(stored); err != nil && !w.health.quiet(err) {
 			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)
@@ -209,9 +208,9 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			return nil
 		case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode >= 500:
-			return fmt.Errorf("%s %s: HTTP %d: %s", call.Method, call.Path, resp.StatusCode, excerpt)
+			return fmt.Errorf("%s %s: HTTP %d: %s", call.Method, safePath(call.Path), resp.StatusCode, excerpt)
 		default:
-			return fmt.Errorf("%s %s: HTTP %d (not retried): %s: %w", call.Method, call.Path, resp.StatusCode, excerpt, asynq.SkipRetry)
+			return fmt.Errorf("%s %s: HTTP %d (not retried): %s: %w", call.Method, safePath(call.Path), resp.StatusCode, excerpt, asynq.SkipRetry)
 		}
 	}
 }

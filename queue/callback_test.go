@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -391,5 +392,59 @@ func TestCallbackPathsThatLeaveThePrefix(t *testing.T) {
 	defer mu.Unlock()
 	if len(hits) > 0 {
 		t.Errorf("the receiver was called at %q", hits)
+	}
+}
+
+// TestCallbackSentAtIsWhenTheCallWentOut: calls queued together to a
+// vendor at 5/s wait for their ticks in the worker (the k-th at least k
+// x 200 ms after they were queued); each one's sent_at is when its
+// request went out after that wait, not when the worker took it: no
+// later than the vendor received it, and the k-th no earlier than k
+// intervals after the calls were queued.
+func TestCallbackSentAtIsWhenTheCallWentOut(t *testing.T) {
+	e := newEnv(t)
+	const n, rate = 6, 5
+	var mu sync.Mutex
+	received := map[string]time.Time{}
+	v := e.vendor("sentat", policy(rate), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		mu.Lock()
+		received[r.Header.Get("Idempotency-Key")] = at
+		mu.Unlock()
+	}))
+	e.vendors[0].Concurrency = 2 * n // every call is taken at once and waits for its tick in the worker
+	rc := newReceiver(t, "k")
+	e.callbacks = CallbackConfig{Allow: []string{rc.url()}, Secret: "k"}
+	c := e.newClient()
+	calls := make([]Call, n)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("sent-%d", i), Path: "/x", Callback: &Callback{URL: rc.url()}}
+	}
+	queued := time.Now()
+	if _, err := c.EnqueueBatch(context.Background(), v, calls); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	waitFor(t, 30*time.Second, "the callbacks", func() bool { return rc.received() == n })
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	var sent []time.Time
+	for _, call := range calls {
+		o := rc.got[call.ID][0]
+		got, at := o.SentAt, received[call.ID]
+		if got.IsZero() || got.After(at) {
+			t.Errorf("call %s: sent_at %s, the vendor received it at %s: want sent_at no later", call.ID, got.Format(time.StampMicro), at.Format(time.StampMicro))
+		}
+		sent = append(sent, got)
+	}
+	slices.SortFunc(sent, time.Time.Compare)
+	interval := time.Second / rate
+	for k, s := range sent {
+		if earliest := queued.Add(time.Duration(k) * interval); s.Before(earliest) {
+			t.Errorf("call %d to go out has sent_at %s, %s after the calls were queued: before its tick could come (%s after)",
+				k+1, s.Format(time.StampMicro), s.Sub(queued).Round(time.Millisecond), time.Duration(k)*interval)
+		}
 	}
 }
