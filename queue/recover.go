@@ -44,14 +44,28 @@ import (
 // the lease's last renewal (sweepWithin). A call whose tick has passed
 // may have started and waits for asynq's lease.
 //
-// A worker that was not dead but stalled (a heartbeat late by more than
-// deadAfter while it went on sending) sends such a call at its tick as
-// well: the call then goes out twice, on two ticks (G1 holds), with the
-// same Idempotency-Key (at least once).
+// A worker that was not dead but cut off or stalled (no heartbeat for
+// deadAfter while it held granted calls) is fenced (fence.go): it starts
+// no call whose tick is after its last heartbeat + startedWithin, and
+// after such a silence it starts nothing it held until Redis says the
+// call is still its own. So a call reaches the vendor exactly once,
+// unless it was on the wire when its worker died (then it is sent again
+// with the same Idempotency-Key once asynq's lease expires).
+//
+// The tasks given back carry the Redis time of it in their hash
+// (givenBackField), which is how a fenced worker tells them.
 const (
-	aliveEvery    = 250 * time.Millisecond
-	deadAfter     = 3 * time.Second
-	startedWithin = 2 * aliveEvery
+	aliveEvery = 250 * time.Millisecond
+	deadAfter  = 3 * time.Second
+	// judgedAfter is the silence after which a worker treats the calls it
+	// held as possibly given back: deadAfter less a second for the
+	// others' reckoning of Redis time running ahead of it.
+	judgedAfter = deadAfter - time.Second
+	// startedWithin: a call whose tick is after a worker's last
+	// heartbeat + startedWithin never started (the fence holds its worker
+	// to that). Four heartbeats: a worker whose heartbeat is late by less
+	// fences nothing; one later asks Redis (fence.go) before it starts.
+	startedWithin = 4 * aliveEvery
 	// recoverEvery is how often a worker looks for dead ones.
 	recoverEvery = time.Second
 	// staleAfter is how long a lease goes without a renewal before its
@@ -80,9 +94,14 @@ const (
 // one, and a task one of them gave back and another took since has a
 // newer lease, which keeps it where it is.
 //
+// The task's hash records when it was given back (givenBackField, Redis
+// time in µs): the worker that held it, if it was cut off rather than
+// dead, finds there that its run of the call is void (fence.go).
+//
 // KEYS[1] asynq:{queue}:active, KEYS[2] asynq:{queue}:lease,
 // KEYS[3] asynq:{queue}:pending, KEYS[4] asynq:{queue}:t:<id>.
-// ARGV[1] the task id, ARGV[2] the newest lease it may have (Unix s).
+// ARGV[1] the task id, ARGV[2] the newest lease it may have (Unix s),
+// ARGV[3] the hash field of the give-back.
 // Returns 1 when the task went back, 0 when it was not active or is
 // held under a newer lease.
 var requeueScript = redis.NewScript(`
@@ -92,12 +111,14 @@ local k_pending = KEYS[3]
 local k_task = KEYS[4]
 local a_id = ARGV[1]
 local a_max_lease = tonumber(ARGV[2])
+local a_given_back = ARGV[3]
 local lease = tonumber(redis.call('ZSCORE', k_lease, a_id))
 if not lease or lease > a_max_lease then return 0 end
 if redis.call('LREM', k_active, 0, a_id) == 0 then return 0 end
+local t = redis.call('TIME')
 redis.call('ZREM', k_lease, a_id)
 redis.call('RPUSH', k_pending, a_id)
-redis.call('HSET', k_task, 'state', 'pending')
+redis.call('HSET', k_task, 'state', 'pending', a_given_back, string.format('%d', t[1] * 1000000 + t[2]))
 return 1
 `)
 
@@ -128,7 +149,7 @@ func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string, 
 	if !ok {
 		return false, nil
 	}
-	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id, maxLease.Unix()).Int()
+	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id, maxLease.Unix(), givenBackField).Int()
 	return n == 1, err
 }
 
@@ -232,8 +253,13 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	}
 	// Leases last renewed between staleAfter and sweepWithin ago: the
 	// record of grants still covers every grant since their renewal.
-	staleBefore := time.Now().Add(asynqLease - staleAfter)
-	lo := strconv.FormatInt(time.Now().Add(asynqLease-sweepWithin).Unix(), 10)
+	// asynq writes a lease's score by its worker's clock; they are read
+	// here against Redis time (now), the one clock the workers share,
+	// not this worker's own: a worker whose clock ran ahead would sweep
+	// leases others renewed a moment ago. (Workers' clocks must agree
+	// with Redis's within a few seconds, as asynq's leases assume.)
+	staleBefore := now.Add(asynqLease - staleAfter)
+	lo := strconv.FormatInt(now.Add(asynqLease-sweepWithin).Unix(), 10)
 	hi := strconv.FormatInt(staleBefore.Unix(), 10)
 	var stale []string
 	for _, q := range []string{rt.queue, rt.high} {

@@ -76,7 +76,13 @@ func (e *env) newClient() *Client {
 // the test ends.
 func (e *env) startWorker(setup func(*Worker)) {
 	e.t.Helper()
-	w, err := NewWorker(e.rdb(), WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
+	e.startWorkerOn(e.rdb(), setup)
+}
+
+// startWorkerOn is startWorker with the worker's Redis client given.
+func (e *env) startWorkerOn(rdb redis.UniversalClient, setup func(*Worker)) {
+	e.t.Helper()
+	w, err := NewWorker(rdb, WorkerConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxWait: 3 * time.Second,
 		RetryBackoff: func(int) time.Duration { return time.Second }, Transport: e.transport, Callbacks: e.callbacks, TracerProvider: e.tp,
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {

@@ -76,6 +76,13 @@ type Request struct {
 	// dies another can tell its calls whose tick it did not live to see.
 	// It holds no newline.
 	Tag string
+	// Fence, when set, is asked just before the permit is handed out,
+	// with the tick in Redis time: a job runner whose other replicas may
+	// have judged it dead, and given its call to another, says no, and
+	// the call starts nothing (its tick is given up). Its error is
+	// returned by Ask. It runs in the caller's goroutine and may make a
+	// round trip; the common call's answer costs none.
+	Fence func(ctx context.Context, tick time.Time) error
 	// Waited, when set, is told of each wait at the gate (see Wait),
 	// from the caller's goroutine, before the wait: tracing reads what
 	// held the call from it. It costs no round trip.

@@ -48,6 +48,11 @@ type holder struct {
 	moved func() // wakes the caller from its sleep: g or ok changed
 }
 
+// fenceTrip is how long a Request.Fence may take and still count as
+// making no round trip (a check in memory, microseconds, like the code
+// around it); one that takes longer has its time counted as lateness.
+const fenceTrip = time.Millisecond
+
 // tradeLead is how close to its tick a holder may be and still have its
 // tick taken: a holder about to wake keeps it.
 const tradeLead = time.Millisecond
@@ -232,6 +237,24 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			}
 			late += wait
 			now = clock.Now()
+		}
+		if req.Fence != nil {
+			// The job runner's last word on whether it may still start
+			// the call; a round trip it makes uses up tolerance like any.
+			if err := req.Fence(ctx, time.UnixMicro(cur.r.tick)); err != nil {
+				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost)
+				return nil, err
+			}
+			if after := clock.Now(); after.Sub(now) > fenceTrip {
+				late += after.Sub(now)
+				now = after
+				if late > tolerance {
+					if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost); err != nil {
+						return nil, err
+					}
+					return nil, nil
+				}
+			}
 		}
 		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick, granted: now}, nil
 	}
