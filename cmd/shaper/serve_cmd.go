@@ -15,6 +15,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/api"
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/queue"
 )
 
@@ -92,7 +93,8 @@ func startAPI(addr string, o api.Options, log *slog.Logger) (stop func(), err er
 	if err != nil {
 		return nil, fmt.Errorf("serve the API on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: api.Traced(api.New(o), nil), ReadHeaderTimeout: 10 * time.Second}
+	o.Addr = httpguard.Bound(addr, ln)
+	srv := api.NewServer(o, log)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

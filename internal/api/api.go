@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"mime"
 	"net"
@@ -27,14 +28,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/queue"
 )
 
 // Defaults of Options.
 const (
-	DefaultMaxBody = 8 << 20
-	DefaultMaxWait = time.Minute
-	defaultPoll    = 20 * time.Millisecond
+	DefaultMaxBody    = 8 << 20
+	DefaultMaxWait    = time.Minute
+	DefaultMaxWaiting = 1000
+	defaultPoll       = 20 * time.Millisecond
 )
 
 // Options configure the API.
@@ -49,11 +52,25 @@ type Options struct {
 	MaxBody int64
 	// MaxWait bounds GET's ?wait=; default DefaultMaxWait.
 	MaxWait time.Duration
-	// Poll is how often a waiting GET looks at its call; default 20 ms.
+	// MaxWaiting bounds the GETs with ?wait= held at once; one more is
+	// answered 503 with Retry-After. Default DefaultMaxWaiting.
+	MaxWaiting int
+	// Poll is how often a waiting GET looks at its call, while up to
+	// pollShare wait; default 20 ms. With more waiting, each looks
+	// less often, so that together they read Redis about pollShare
+	// times per Poll.
 	Poll time.Duration
+	// Addr is the address the API listens on (httpguard.Bound): a
+	// request's Host must name it, any loopback name for a loopback
+	// address, any name for a wildcard address with a token. "" takes
+	// the address each connection arrived at.
+	Addr string
 }
 
-type server struct{ o Options }
+type server struct {
+	o       Options
+	waiting chan struct{} // a slot per GET holding a ?wait=
+}
 
 // New returns the API's handler.
 func New(o Options) http.Handler {
@@ -66,12 +83,38 @@ func New(o Options) http.Handler {
 	if o.Poll <= 0 {
 		o.Poll = defaultPoll
 	}
-	s := &server{o: o}
+	if o.MaxWaiting <= 0 {
+		o.MaxWaiting = DefaultMaxWaiting
+	}
+	s := &server{o: o, waiting: make(chan struct{}, o.MaxWaiting)}
 	mux := http.NewServeMux()
 	for _, r := range s.routes() {
 		mux.HandleFunc(r.pattern, r.handler)
 	}
-	return s.auth(mux)
+	return s.guard(s.auth(mux))
+}
+
+// NewServer returns the server of the API of o (New, Traced), with
+// httpguard's timeouts and a write timeout longer than the longest
+// ?wait= (Options.MaxWait).
+func NewServer(o Options, log *slog.Logger) *http.Server {
+	wait := o.MaxWait
+	if wait <= 0 {
+		wait = DefaultMaxWait
+	}
+	return httpguard.NewServer(Traced(New(o), nil), httpguard.ReadTimeout+wait+30*time.Second, log)
+}
+
+// guard refuses a request whose Host does not name the API (421) and,
+// without a token, one that a browser sent for another site's page
+// (403): the token is a header no browser adds to another site's
+// request, so with one only the Host is checked.
+func (s *server) guard(next http.Handler) http.Handler {
+	o := httpguard.Options{Addr: s.o.Addr, AnyHost: s.o.Token != "", CrossSite: httpguard.CheckEvery}
+	if s.o.Token != "" {
+		o.CrossSite = httpguard.CheckNone
+	}
+	return httpguard.Wrap(next, o, func(w http.ResponseWriter, status int, msg string) { writeError(w, status, msg, nil) })
 }
 
 // route is one of the API's routes: a ServeMux pattern, "METHOD PATH".
@@ -154,6 +197,11 @@ type Accepted struct {
 // NDJSON of many (application/x-ndjson), each naming its vendor. Every
 // call is checked first; a body with a bad one queues nothing.
 func (s *server) post(w http.ResponseWriter, r *http.Request) {
+	ct, ok := mediaType(r)
+	if !ok {
+		writeError(w, http.StatusUnsupportedMediaType, ct, nil)
+		return
+	}
 	body, err := readBody(w, r, s.o.MaxBody)
 	var tooLarge *http.MaxBytesError
 	switch {
@@ -164,10 +212,7 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error(), nil)
 		return
 	}
-	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	switch ct {
-	case "application/x-ndjson":
-	case "application/json", "":
+	if ct == "application/json" {
 		// One call, perhaps over several lines: the same checks as a
 		// call line once it is on one.
 		var one bytes.Buffer
@@ -176,9 +221,6 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		body = one.Bytes()
-	default:
-		writeError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: send application/json (one call) or application/x-ndjson (one call per line)", ct), nil)
-		return
 	}
 	calls, err := queue.ParseVendorCalls(bytes.NewReader(body))
 	if err != nil {
@@ -200,13 +242,33 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, res)
 }
 
-// readBody reads r's body, at most limit bytes, into a buffer sized by its
-// Content-Length (io.ReadAll would grow one by doubling).
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 && n <= limit {
-		buf.Grow(int(n) + bytes.MinRead)
+// mediaType is the media type of r's body, application/json or
+// application/x-ndjson, or else (false) the refusal that says what to
+// send. A body without a Content-Type is refused, not read as JSON: a
+// browser sends one that way (or as text/plain) to any site without
+// asking it first.
+func mediaType(r *http.Request) (string, bool) {
+	h := r.Header.Get("Content-Type")
+	ct, _, _ := mime.ParseMediaType(h)
+	switch {
+	case ct == "application/json" || ct == "application/x-ndjson":
+		return ct, true
+	case h == "":
+		return "no Content-Type: send Content-Type: application/json (one call) or application/x-ndjson (one call per line)", false
 	}
+	return fmt.Sprintf("Content-Type %q: send application/json (one call) or application/x-ndjson (one call per line)", h), false
+}
+
+// readBody reads r's body, at most limit bytes, in chunks as they come:
+// a buffer grows with what arrived, never with what Content-Length
+// announces, and a body announced larger than limit is refused before
+// any of it is read (*http.MaxBytesError, as for one that turns out
+// larger).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	var buf bytes.Buffer
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
 	return buf.Bytes(), err
 }
@@ -341,6 +403,17 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = min(d, s.o.MaxWait)
 	}
+	if wait > 0 {
+		select {
+		case s.waiting <- struct{}{}:
+			defer func() { <-s.waiting }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%d requests already wait (?wait=) on this server, as many as it holds at once: "+
+				"retry after Retry-After, or GET without ?wait=", cap(s.waiting)), nil)
+			return
+		}
+	}
 	deadline := time.Now().Add(wait)
 	e, err := s.explain(r.Context(), id)
 	// While it waits, the request reads only the call's state (one
@@ -350,7 +423,7 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-time.After(s.o.Poll):
+		case <-time.After(s.poll()):
 		}
 		var state string
 		if state, err = s.o.Client.State(r.Context(), e); err == nil && (state == "completed" || state == "archived") {
@@ -364,10 +437,23 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, queue.ErrNoTask):
 		writeError(w, http.StatusNotFound, err.Error(), nil)
 	case err != nil:
+		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
 	default:
 		writeJSON(w, http.StatusOK, e)
 	}
+}
+
+// pollShare is how many waiting GETs look at their calls every
+// Options.Poll; more wait longer between looks (poll).
+const pollShare = 50
+
+// poll is how long a waiting GET sleeps between looks at its call:
+// Options.Poll while up to pollShare GETs wait, longer in proportion
+// beyond, so that the API's reads stay near pollShare per Poll (2,500 a
+// second at the defaults) whatever the number waiting.
+func (s *server) poll() time.Duration {
+	return s.o.Poll * time.Duration(1+(len(s.waiting)-1)/pollShare)
 }
 
 // Cancelled is DELETE /v1/calls/{id}'s answer: the call, and the state
