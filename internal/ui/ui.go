@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/internal/report"
 	"github.com/shaper-dev/shaper/queue"
 )
@@ -60,6 +61,11 @@ type Options struct {
 	Keep       int
 	KeepPauses int
 	Log        *slog.Logger
+	// Addr is the address the page listens on (httpguard.Bound): a
+	// request's Host must name it, any loopback name for a loopback
+	// address, any name for a wildcard address with a token. "" takes
+	// the address each connection arrived at.
+	Addr string
 }
 
 // Server serves the page. Its sampler runs in Run; the handler serves
@@ -224,8 +230,25 @@ func (s *Server) Handler() http.Handler {
 	if s.o.Token != "" {
 		h = s.requireToken(h)
 	}
-	return securityHeaders(h)
+	return securityHeaders(s.guard(h))
 }
+
+// guard refuses a request whose Host does not name the page (421) and
+// one a browser sent for another site's page (403): every such request
+// without a token; with one, since a browser sends the token's cookie
+// by itself, every request but GET and HEAD (asynqmon's pause, run and
+// delete are POSTs and DELETEs).
+func (s *Server) guard(next http.Handler) http.Handler {
+	o := httpguard.Options{Addr: s.o.Addr, AnyHost: s.o.Token != "", CrossSite: httpguard.CheckEvery}
+	if s.o.Token != "" {
+		o.CrossSite = httpguard.CheckWrites
+	}
+	return httpguard.Wrap(next, o, httpError)
+}
+
+// WriteTimeout is the page server's write timeout (httpguard.NewServer):
+// the page holds no request longer than a read of Redis.
+const WriteTimeout = httpguard.ReadTimeout + 30*time.Second
 
 // pageData is what page.html renders: the vendors' latest report, so the
 // numbers are there before the script runs.

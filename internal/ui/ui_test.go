@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,9 +120,20 @@ func (s *source) Explain(_ context.Context, id string) (queue.Explanation, error
 	return queue.Explanation{}, queue.ErrNoTask
 }
 
+// pageAddr is the address the tests' pages listen on (Options.Addr);
+// their requests name it (newRequest).
+const pageAddr = "127.0.0.1:8080"
+
+// newRequest is a request to the page at pageAddr.
+func newRequest(method, path string) *http.Request {
+	req := httptest.NewRequest(method, path, nil)
+	req.Host = pageAddr
+	return req
+}
+
 func get(t *testing.T, h http.Handler, path string, header ...string) (int, string) {
 	t.Helper()
-	req := httptest.NewRequest("GET", path, nil)
+	req := newRequest("GET", path)
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
@@ -140,7 +152,7 @@ func TestHandler(t *testing.T) {
 	n := int64(0)
 	shop.AccountsWithBacklog = &n
 	src := &source{rep: report.Report{At: now, Vendors: []report.VendorState{vendorAt("acme", now, 0), vendorAt("crm<x>", now, 0), shop}}}
-	s, err := New(Options{Source: src})
+	s, err := New(Options{Source: src, Addr: pageAddr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +205,7 @@ func TestHandler(t *testing.T) {
 func TestToken(t *testing.T) {
 	now := time.Now()
 	s, err := New(Options{Source: &source{rep: report.Report{At: now, Vendors: []report.VendorState{vendorAt("acme", now, 0)}}},
-		Token: "s3cret", Asynq: http.NotFoundHandler()})
+		Token: "s3cret", Asynq: http.NotFoundHandler(), Addr: pageAddr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,14 +218,14 @@ func TestToken(t *testing.T) {
 	if code, _ := get(t, h, "/api/state", "Authorization", "Bearer s3cret"); code != 200 {
 		t.Errorf("bearer: %d", code)
 	}
-	req := httptest.NewRequest("GET", "/vendors/acme?token=s3cret&x=1", nil)
+	req := newRequest("GET", "/vendors/acme?token=s3cret&x=1")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	cookies := rec.Result().Cookies()
 	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/vendors/acme?x=1" || len(cookies) != 1 || !cookies[0].HttpOnly {
 		t.Fatalf("?token= = %d to %q with %v, want 303 to /vendors/acme?x=1 setting an HttpOnly cookie", rec.Code, rec.Header().Get("Location"), cookies)
 	}
-	req = httptest.NewRequest("GET", "/", nil)
+	req = newRequest("GET", "/")
 	req.AddCookie(cookies[0])
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -241,5 +253,101 @@ func TestCheckAddr(t *testing.T) {
 	}
 	if err := CheckAddr("--addr", "8080", ""); err == nil || !strings.Contains(err.Error(), "HOST:PORT") {
 		t.Errorf("bad address: %v", err)
+	}
+}
+
+// asynqWrites stands for asynqmon: it counts the requests that reach
+// it, by method.
+type asynqWrites struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (a *asynqWrites) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.seen[r.Method]++
+	a.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *asynqWrites) count(method string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.seen[method]
+}
+
+// send is one request to a real server of the page, with headers.
+func send(t *testing.T, method, url, host string, header ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRefusesForeignHostsAndOtherSites: the page, served for real on
+// loopback, answers 421 to a request naming another Host (DNS
+// rebinding) and 403 to a request another site's page sent (Origin,
+// Sec-Fetch-Site), asynqmon's writes never reached; its own origin is
+// served. With a token, another site's GET link still opens the page
+// and its writes are still refused: the browser sends the token's
+// cookie by itself.
+func TestRefusesForeignHostsAndOtherSites(t *testing.T) {
+	now := time.Now()
+	src := &source{rep: report.Report{At: now, Vendors: []report.VendorState{vendorAt("acme", now, 0)}}}
+	for _, token := range []string{"", "s3cret"} {
+		t.Run("token="+token, func(t *testing.T) {
+			asynq := &asynqWrites{seen: map[string]int{}}
+			s, err := New(Options{Source: src, Asynq: asynq, Token: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+			auth := []string{}
+			if token != "" {
+				auth = []string{"Authorization", "Bearer " + token}
+			}
+			pause := srv.URL + "/asynq/api/queues/vendor:acme:pause"
+			for _, host := range []string{"evil.example", "evil.example:" + strings.Split(srv.URL, ":")[2]} {
+				if code, body := send(t, "GET", srv.URL+"/api/state", host, auth...); code != http.StatusMisdirectedRequest || !strings.Contains(body, host) {
+					t.Errorf("GET with Host %s: %d %s, want 421 naming it", host, code, body)
+				}
+				if code, body := send(t, "POST", pause, host, auth...); code != http.StatusMisdirectedRequest {
+					t.Errorf("POST with Host %s: %d %s, want 421", host, code, body)
+				}
+			}
+			for _, h := range [][]string{{"Origin", "https://evil.example"}, {"Sec-Fetch-Site", "cross-site"}, {"Origin", "null"}} {
+				if code, body := send(t, "POST", pause, "", append(h, auth...)...); code != http.StatusForbidden || !strings.Contains(body, "cross-site") {
+					t.Errorf("POST with %s: %s: %d %s, want 403", h[0], h[1], code, body)
+				}
+				if code, body := send(t, "DELETE", srv.URL+"/asynq/api/queues/vendor:acme", "", append(h, auth...)...); code != http.StatusForbidden {
+					t.Errorf("DELETE with %s: %s: %d %s, want 403", h[0], h[1], code, body)
+				}
+			}
+			if n := asynq.count("POST") + asynq.count("DELETE"); n != 0 {
+				t.Errorf("asynqmon got %d cross-site or misdirected writes", n)
+			}
+			if code, body := send(t, "POST", pause, "", append([]string{"Origin", srv.URL, "Sec-Fetch-Site", "same-origin"}, auth...)...); code != http.StatusNoContent || asynq.count("POST") != 1 {
+				t.Errorf("POST from the page's own origin: %d %s, want it to reach asynqmon", code, body)
+			}
+			_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
+			if code, body := send(t, "GET", srv.URL+"/", "localhost:"+port, append([]string{"Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate"}, auth...)...); code != http.StatusOK {
+				t.Errorf("a link from another site to the page at localhost: %d %s, want 200", code, body)
+			}
+		})
 	}
 }
