@@ -48,8 +48,9 @@ type Cancellation struct {
 // scheduled (planned at its account's pace), or one waiting for a retry
 // or sent back to wait. It returns ErrStarted for a call a worker holds,
 // ErrFinished for one that completed or was archived (an archived call
-// is kept, with its error, for the retention), and ErrNoTask when no
-// queue holds id.
+// is kept, with its error, for the retention), ErrNoTask when no queue
+// holds id, and ErrAmbiguous when more than one vendor's does (see
+// CancelVendor). A cancelled call's id is free again at once.
 //
 // Cancel and a worker taking the call cannot both win: asynq deletes a
 // task and moves it to active each in one script, and refuses to delete
@@ -61,21 +62,19 @@ type Cancellation struct {
 // vendor's plan is not given back: calls planned after a cancelled one
 // still come back from the schedule when they were planned to.
 func (c *Client) Cancel(ctx context.Context, id string) (Cancellation, error) {
+	return c.CancelVendor(ctx, "", id)
+}
+
+// CancelVendor is Cancel of vendor's call id; with vendor "" it looks in
+// every vendor's queues, as Cancel does, and an id that more than one
+// vendor holds is ErrAmbiguous, naming them: nothing is cancelled.
+func (c *Client) CancelVendor(ctx context.Context, vendor, id string) (Cancellation, error) {
 	insp := asynq.NewInspectorFromRedisClient(c.rdb)
-	for name := range c.vendors {
-		for _, lane := range []shaper.Lane{shaper.Normal, shaper.High} {
-			q := laneQueue(name, lane)
-			info, err := insp.GetTaskInfo(q, id)
-			if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-				continue
-			}
-			if err != nil {
-				return Cancellation{}, fmt.Errorf("queue: cancel task %s: %w", id, err)
-			}
-			return c.cancel(ctx, insp, name, lane, info)
-		}
+	v, lane, info, err := c.findTask(ctx, insp, vendor, id)
+	if err != nil {
+		return Cancellation{}, err
 	}
-	return Cancellation{}, fmt.Errorf("%w %q in any vendor's queue (finished calls are kept for %s)", ErrNoTask, id, c.cfg.Retention)
+	return c.cancel(ctx, insp, v.Name, lane, info)
 }
 
 // cancel deletes the task of info from its queue unless it has started
@@ -92,6 +91,9 @@ func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor strin
 		}
 		err = insp.DeleteTask(q, id)
 		if err == nil {
+			// The id is free again: a post of it now, in either lane,
+			// queues it without waiting for its claim to lapse.
+			c.releaseClaims(ctx, vendor, []string{id})
 			return c.cancelled(ctx, vendor, lane, info)
 		}
 		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {

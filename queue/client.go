@@ -164,6 +164,11 @@ type ClientConfig struct {
 	// CallbackAllow lists the URL prefixes a call's callback may name
 	// ([callbacks] allow); with none, a call with a callback is refused.
 	CallbackAllow []string
+	// Gate, when set, is the gate on rdb, of KeyPrefix, that the client
+	// plans per-account backlogs with; nil makes one. Each new gate adds
+	// a hook to rdb (shaper.NewGate): a process that makes a client per
+	// config reload shares one gate among them.
+	Gate *shaper.Gate
 }
 
 // Client enqueues calls and tasks.
@@ -191,8 +196,12 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 	if cfg.WaitTimeout <= 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
 	}
+	gate := cfg.Gate
+	if gate == nil {
+		gate = shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix})
+	}
 	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg,
-		gate: shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix}), signals: signaller{last: map[string]time.Time{}}}
+		gate: gate, signals: signaller{last: map[string]time.Time{}}}
 	for _, v := range cfg.Vendors {
 		c.vendors[v.Name] = v
 	}
@@ -221,7 +230,10 @@ func (c *Client) Waiting(ctx context.Context, vendor string) (int64, error) {
 	return st.Pending + st.Active + st.Scheduled + st.Retry, err
 }
 
-// Room checks that n more calls fit in the vendor's queue_limit.
+// Room checks that n more calls fit in the vendor's queue_limit now. It
+// is a look, not a promise: the enqueues reserve their room themselves
+// (see EnqueueCalls), so that enqueues side by side never pass
+// queue_limit together.
 func (c *Client) Room(ctx context.Context, vendor string, n int) error {
 	v, err := c.vendor(vendor)
 	if err != nil {
@@ -242,24 +254,22 @@ func (c *Client) Room(ctx context.Context, vendor string, n int) error {
 }
 
 // Enqueue validates call and queues it on its vendor, returning the task
-// id. It fails with ErrUnknownVendor, ErrQueueFull, ErrBadCall or
-// ErrDuplicate (the id is already queued: nothing was added).
+// id. It fails with ErrUnknownVendor, ErrQueueFull, ErrBadCall,
+// ErrInProgress, or ErrDuplicate with the id: the id names a call of the
+// vendor already queued, in either lane, and nothing was added.
 func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	if err := c.checkCall(&call); err != nil {
 		return "", err
 	}
-	if err := c.Room(ctx, call.Vendor, 1); err != nil {
+	res, err := c.enqueueGroups(ctx, []Call{call}, []vendorGroup{{call.Vendor, []int{0}}})
+	one := res.Calls[0]
+	switch {
+	case err != nil && one.State != StateQueued:
 		return "", err
+	case one.State == StateAlreadyQueued:
+		return one.ID, fmt.Errorf("%w (%s, %s lane)", ErrDuplicate, call.Vendor, one.Lane)
 	}
-	at, err := c.plan(ctx, call.Vendor, []Call{call})
-	if err != nil {
-		return "", err
-	}
-	id, err := c.enqueueChecked(ctx, call, at[0])
-	if err != nil {
-		return "", err
-	}
-	return id, c.replicated(ctx, 1)
+	return one.ID, err
 }
 
 // planLead is how long before its planned tick a call planned for later
@@ -424,7 +434,8 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 		return nil, err
 	}
 	call, opts := splitOptions(opts)
-	if t.Type() != TypeCall { // a call's payload names its account, cost and lane
+	rebuilt := t.Type() == TypeCall // a task whose asynq.NewTask options nothing needs
+	if t.Type() != TypeCall {       // a call's payload names its account, cost and lane
 		if err := c.checkCost(to.Vendor, to.Account, call.cost); err != nil {
 			return nil, err
 		}
@@ -442,10 +453,13 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 			headers[laneHeader] = "high"
 		}
 		if len(headers) > 0 {
-			t = asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+			t, rebuilt = asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), true
 		}
 	}
 	all := append([]asynq.Option{asynq.Queue(laneQueue(to.Vendor, call.lane)), asynq.MaxRetry(c.cfg.MaxRetry), asynq.Retention(c.cfg.Retention)}, opts...)
+	if rebuilt {
+		t, all = withRetryHeadroom(t, all) // a deferral always finds a retry left (retry.go)
+	}
 	info, err := c.aq.EnqueueContext(ctx, traced(ctx, t), all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, to.Vendor)
@@ -555,41 +569,332 @@ func (c *Client) checkAccount(vendor, account string) error {
 	return nil
 }
 
-// BatchResult counts what EnqueueBatch did.
+// BatchResult says what EnqueueBatch or EnqueueCalls did: the counts,
+// the ids queued now, and each call's state.
 type BatchResult struct {
 	Enqueued      int
 	AlreadyQueued int
-	IDs           []string
+	IDs           []string // the ids of the calls queued now, in order
+	// Calls says what became of each call, in the order given.
+	Calls []BatchCall
 }
 
-// EnqueueBatch queues calls that were all validated first, all on one
-// vendor, after checking they fit in its queue_limit together. Calls whose
-// id is already queued are counted, not added again.
+// States of a call of a batch (BatchCall.State).
+const (
+	StateQueued        = "queued"         // queued now
+	StateAlreadyQueued = "already_queued" // its id names a call of the vendor queued before: nothing was added
+	StateNotQueued     = "not_queued"     // not queued (BatchCall.Err says why): post it again
+)
+
+// BatchCall is what became of one call of a batch.
+type BatchCall struct {
+	// ID is the call's task id: its own, or the one made for it when it
+	// was queued ("" for a call without an id that was not).
+	ID    string
+	State string
+	// Lane is the lane the call is in: for an id already queued, the
+	// lane of the call that holds it.
+	Lane string
+	Err  error // why it was not queued
+}
+
+// EnqueueBatch queues calls, all on one vendor, as EnqueueCalls does.
 func (c *Client) EnqueueBatch(ctx context.Context, vendor string, calls []Call) (BatchResult, error) {
-	var res BatchResult
 	if err := c.checkCalls(vendor, calls); err != nil {
-		return res, err
+		return BatchResult{}, err
 	}
-	if err := c.Room(ctx, vendor, len(calls)); err != nil {
-		return res, err
+	idx := make([]int, len(calls))
+	for i := range idx {
+		idx[i] = i
 	}
-	at, err := c.plan(ctx, vendor, calls)
-	if err != nil {
-		return res, err
-	}
+	return c.enqueueGroups(ctx, calls, []vendorGroup{{vendor, idx}})
+}
+
+// EnqueueCalls queues calls that each name their vendor, one vendor or
+// several, as one request:
+//
+//   - every call is checked first; with a bad one nothing is queued (the
+//     errors joined, as *LineError for calls from a call file);
+//   - room for every call is reserved in each vendor's queue_limit
+//     before any is queued, so a full queue refuses the whole request
+//     (ErrQueueFull) and never a part of it, and requests side by side
+//     never pass queue_limit together;
+//   - a call whose id names a call of its vendor already queued, in
+//     either lane and for any account, is not queued again
+//     (StateAlreadyQueued);
+//   - then the calls are queued in order. An error past this point (Redis,
+//     the context) stops it: the result's Calls say exactly which calls
+//     were queued and which were not, with the error.
+func (c *Client) EnqueueCalls(ctx context.Context, calls []Call) (BatchResult, error) {
+	var groups []vendorGroup
+	at := map[string]int{}
 	for i, call := range calls {
-		id, err := c.enqueueChecked(ctx, call, at[i])
+		g, ok := at[call.Vendor]
+		if !ok {
+			g = len(groups)
+			at[call.Vendor] = g
+			groups = append(groups, vendorGroup{vendor: call.Vendor})
+		}
+		groups[g].idx = append(groups[g].idx, i)
+	}
+	var errs []error
+	for _, g := range groups {
+		own := make([]Call, len(g.idx))
+		for k, i := range g.idx {
+			own[k] = calls[i]
+		}
+		if err := c.checkCalls(g.vendor, own); err != nil {
+			if errors.Is(err, ErrUnknownVendor) {
+				return BatchResult{}, err
+			}
+			errs = append(errs, err)
+			continue
+		}
+		for k, i := range g.idx {
+			calls[i] = own[k]
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return BatchResult{}, err
+	}
+	return c.enqueueGroups(ctx, calls, groups)
+}
+
+// vendorGroup is the calls of one vendor in a request, by their index.
+type vendorGroup struct {
+	vendor string
+	idx    []int
+}
+
+// enqueueGroups queues checked calls, grouped by vendor: room for them
+// all first, then each group in chunks (see EnqueueCalls).
+func (c *Client) enqueueGroups(ctx context.Context, calls []Call, groups []vendorGroup) (BatchResult, error) {
+	res := BatchResult{Calls: make([]BatchCall, len(calls))}
+	for i, call := range calls {
+		res.Calls[i] = BatchCall{ID: call.ID, State: StateNotQueued, Lane: call.lane().String()}
+	}
+	held := make([]*reservation, len(groups))
+	defer func() {
+		for _, r := range held {
+			c.release(ctx, r)
+		}
+	}()
+	for g, grp := range groups {
+		v, err := c.vendor(grp.vendor)
+		if err == nil {
+			held[g], err = c.reserve(ctx, v, len(grp.idx))
+		}
+		if err != nil {
+			return res.failed(err)
+		}
+	}
+	for g, grp := range groups {
+		for start := 0; start < len(grp.idx); start += chunkSize {
+			if start > 0 {
+				if err := c.renew(ctx, held[g]); err != nil {
+					return res.failed(err)
+				}
+			}
+			if err := c.enqueueChunk(ctx, grp.vendor, calls, grp.idx[start:min(start+chunkSize, len(grp.idx))], &res); err != nil {
+				return res.failed(err)
+			}
+		}
+	}
+	return res, c.replicated(ctx, res.Enqueued)
+}
+
+// failed marks every call not queued yet with err, and returns err.
+func (r BatchResult) failed(err error) (BatchResult, error) {
+	for i := range r.Calls {
+		if r.Calls[i].State == StateNotQueued && r.Calls[i].Err == nil {
+			r.Calls[i].Err = err
+		}
+	}
+	return r, err
+}
+
+// enqueueChunk queues the calls of vendor at idx: it claims their ids,
+// leaves out those already queued, plans the rest (a per-account
+// vendor) and queues them in order, recording each in res.
+func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) error {
+	start := time.Now()
+	firstOf := map[string]int{} // an id's first call in the chunk
+	var claiming []int
+	var again []int // calls whose id came earlier in the chunk
+	for _, i := range idx {
+		id := calls[i].ID
+		if id == "" {
+			continue
+		}
+		if _, seen := firstOf[id]; seen {
+			again = append(again, i)
+			continue
+		}
+		firstOf[id] = i
+		claiming = append(claiming, i)
+	}
+	mine, err := c.claimCalls(ctx, vendor, calls, claiming, res)
+	if err != nil {
+		var held []string
+		for i := range mine {
+			held = append(held, calls[i].ID)
+		}
+		c.releaseClaims(ctx, vendor, held)
+		return err
+	}
+	var todo []int // the calls to queue, in order
+	for _, i := range idx {
+		if calls[i].ID == "" || mine[i] {
+			todo = append(todo, i)
+		}
+	}
+	unqueued := func(from int) []string {
+		var ids []string
+		for _, i := range todo[from:] {
+			if calls[i].ID != "" {
+				ids = append(ids, calls[i].ID)
+			}
+		}
+		return ids
+	}
+	planned := make([]Call, len(todo))
+	for k, i := range todo {
+		planned[k] = calls[i]
+	}
+	at, err := c.plan(ctx, vendor, planned)
+	if err != nil {
+		c.releaseClaims(ctx, vendor, unqueued(0))
+		return err
+	}
+	for k, i := range todo {
+		if time.Since(start) > claimSafe {
+			c.releaseClaims(ctx, vendor, unqueued(k))
+			return fmt.Errorf("queue: queueing %d calls on %s took over %s; the calls not queued yet were not, post them again", len(idx), vendor, claimSafe)
+		}
+		id, err := c.enqueueChecked(ctx, calls[i], at[k])
 		switch {
-		case errors.Is(err, ErrDuplicate):
+		case errors.Is(err, ErrDuplicate): // queued by an enqueue that takes no claims (an older shaper)
+			res.Calls[i].State = StateAlreadyQueued
 			res.AlreadyQueued++
 		case err != nil:
-			return res, err
+			c.releaseClaims(ctx, vendor, unqueued(k))
+			return err
 		default:
+			res.Calls[i].ID, res.Calls[i].State = id, StateQueued
 			res.Enqueued++
 			res.IDs = append(res.IDs, id)
 		}
 	}
-	return res, c.replicated(ctx, res.Enqueued)
+	for _, i := range again {
+		first := res.Calls[firstOf[calls[i].ID]]
+		if first.State != StateNotQueued {
+			res.Calls[i].State, res.Calls[i].Lane = StateAlreadyQueued, first.Lane
+			res.AlreadyQueued++
+		} else {
+			res.Calls[i].Err = first.Err
+		}
+	}
+	return nil
+}
+
+// claimCalls claims the ids of the calls at idx (each id once) and
+// returns those whose claim this enqueue holds and whose id is in neither
+// of the vendor's lanes: the calls to queue. A call whose id is queued,
+// in either lane, is recorded in res as already queued. A call whose id
+// another request holds is waited for, up to claimWait: once that call
+// is in its lane it is already queued; if the claim goes away (that
+// request failed) it is claimed again; past claimWait it is not queued
+// (ErrInProgress).
+func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, error) {
+	mine := map[int]bool{}
+	deadline := time.Now().Add(claimWait)
+	for len(idx) > 0 {
+		ids := make([]string, len(idx))
+		lanes := make([]shaper.Lane, len(idx))
+		for k, i := range idx {
+			ids[k], lanes[k] = calls[i].ID, calls[i].lane()
+		}
+		now, claims, err := c.claimIDs(ctx, vendor, ids, lanes)
+		if err != nil {
+			return mine, err
+		}
+		// Where to look: an id claimed now in both lanes (a call queued
+		// before its claim lapsed, or before claims), another's claim in
+		// its lane.
+		var look [2][]string // task keys by lane bit
+		var whose [2][]int   // k of each key
+		for k, cl := range claims {
+			for _, l := range []shaper.Lane{shaper.Normal, shaper.High} {
+				if cl.mine || cl.lane == l {
+					look[laneBit(l)] = append(look[laneBit(l)], asynqTaskKey(laneQueue(vendor, l), ids[k]))
+					whose[laneBit(l)] = append(whose[laneBit(l)], k)
+				}
+			}
+		}
+		found, err := c.queuedIn(ctx, look[:])
+		if err != nil {
+			var held []string
+			for k, cl := range claims {
+				if cl.mine {
+					held = append(held, ids[k])
+				}
+			}
+			c.releaseClaims(ctx, vendor, held)
+			return mine, err
+		}
+		queuedAt := make([]int, len(idx)) // 0: in no lane, else lane bit + 1
+		for b := range found {
+			for j, ok := range found[b] {
+				if ok {
+					queuedAt[whose[b][j]] = b + 1
+				}
+			}
+		}
+		var moved []string
+		var movedTo []shaper.Lane
+		var waiting []int
+		var waitingFor []idClaim
+		for k, i := range idx {
+			cl := claims[k]
+			switch {
+			case queuedAt[k] > 0:
+				l := shaper.Normal
+				if queuedAt[k] == 2 {
+					l = shaper.High
+				}
+				res.Calls[i].State, res.Calls[i].Lane = StateAlreadyQueued, l.String()
+				res.AlreadyQueued++
+				if cl.mine && l != cl.lane {
+					moved, movedTo = append(moved, ids[k]), append(movedTo, l)
+				}
+			case cl.mine:
+				mine[i] = true
+			default:
+				waiting, waitingFor = append(waiting, i), append(waitingFor, cl)
+			}
+		}
+		if err := c.setClaims(ctx, vendor, now, moved, movedTo); err != nil {
+			return mine, fmt.Errorf("queue: claim ids on %s: %w", vendor, err)
+		}
+		idx = waiting
+		if len(idx) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for k, i := range idx {
+				cl := waitingFor[k]
+				res.Calls[i].Err = fmt.Errorf("%w: call %s of %s was claimed %s ago for the %s lane and is not queued yet; post it again in a moment",
+					ErrInProgress, calls[i].ID, vendor, time.Duration(now-cl.at)*time.Millisecond, cl.lane)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return mine, ctx.Err()
+		case <-time.After(claimPoll):
+		}
+	}
+	return mine, nil
 }
 
 // replicated waits until cfg.WaitReplicas replicas hold every write made

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +20,12 @@ import (
 // ErrNoTask is returned by Explain for a task id that no vendor's queue
 // holds (never enqueued, or finished longer ago than the retention).
 var ErrNoTask = errors.New("queue: no such task")
+
+// ErrAmbiguous is returned by Explain and Cancel for an id that calls of
+// more than one vendor carry: an id names one call per vendor, so the
+// same id on two vendors is two calls. The error names the vendors; ask
+// again naming one (ExplainVendor, CancelVendor).
+var ErrAmbiguous = errors.New("queue: the id names calls of more than one vendor")
 
 // Binding names what a call waits for now (Explanation.Binding).
 const (
@@ -71,22 +79,79 @@ type Explanation struct {
 }
 
 // Explain finds task id in the vendors' queues and says what it waits for
-// (see Explanation). It returns ErrNoTask when no queue holds it.
+// (see Explanation). It returns ErrNoTask when no queue holds it, and
+// ErrAmbiguous when more than one vendor's does.
 func (c *Client) Explain(ctx context.Context, id string) (Explanation, error) {
+	return c.ExplainVendor(ctx, "", id)
+}
+
+// ExplainVendor is Explain of vendor's call id; with vendor "" it looks
+// in every vendor's queues, as Explain does.
+func (c *Client) ExplainVendor(ctx context.Context, vendor, id string) (Explanation, error) {
 	insp := asynq.NewInspectorFromRedisClient(c.rdb)
-	for name, v := range c.vendors {
-		for _, lane := range []shaper.Lane{shaper.Normal, shaper.High} {
-			info, err := insp.GetTaskInfo(laneQueue(name, lane), id)
-			if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-				continue
-			}
-			if err != nil {
-				return Explanation{}, fmt.Errorf("queue: explain task %s: %w", id, err)
-			}
-			return c.explain(ctx, v, lane, info, time.Now())
+	v, lane, info, err := c.findTask(ctx, insp, vendor, id)
+	if err != nil {
+		return Explanation{}, err
+	}
+	return c.explain(ctx, v, lane, info, time.Now())
+}
+
+// findTask finds task id in vendor's lanes, or in every vendor's when
+// vendor is "": one round trip to see which lanes hold it, then a read of
+// the task. The answer does not depend on the order of a map: an id
+// that more than one vendor holds is ErrAmbiguous, naming them; a vendor
+// holding it in both lanes (queued twice before ids were claimed per
+// vendor) answers with its normal lane's.
+func (c *Client) findTask(ctx context.Context, insp *asynq.Inspector, vendor, id string) (Vendor, shaper.Lane, *asynq.TaskInfo, error) {
+	names := []string{vendor}
+	if vendor == "" {
+		names = slices.Sorted(maps.Keys(c.vendors))
+	} else if _, err := c.vendor(vendor); err != nil {
+		return Vendor{}, 0, nil, err
+	}
+	lanes := []shaper.Lane{shaper.Normal, shaper.High}
+	pipe := c.rdb.Pipeline()
+	held := make([]*redis.IntCmd, 0, 2*len(names))
+	for _, name := range names {
+		for _, lane := range lanes {
+			held = append(held, pipe.Exists(ctx, asynqTaskKey(laneQueue(name, lane), id)))
 		}
 	}
-	return Explanation{}, fmt.Errorf("%w %q in any vendor's queue (finished calls are kept for %s)", ErrNoTask, id, c.cfg.Retention)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return Vendor{}, 0, nil, fmt.Errorf("queue: find task %s: %w", id, err)
+	}
+	var holders []string
+	at := -1
+	for k, cmd := range held {
+		name := names[k/len(lanes)]
+		if cmd.Val() == 0 || len(holders) > 0 && holders[len(holders)-1] == name {
+			continue
+		}
+		holders = append(holders, name)
+		if at < 0 {
+			at = k
+		}
+	}
+	switch {
+	case len(holders) > 1:
+		return Vendor{}, 0, nil, fmt.Errorf("%w: %q is the id of a call of each of %s; name the vendor (--vendor, or ?vendor= in the API)",
+			ErrAmbiguous, id, strings.Join(holders, ", "))
+	case at < 0:
+		where := "any vendor's queue"
+		if vendor != "" {
+			where = "vendor " + vendor + "'s queue"
+		}
+		return Vendor{}, 0, nil, fmt.Errorf("%w %q in %s (finished calls are kept for %s)", ErrNoTask, id, where, c.cfg.Retention)
+	}
+	v, lane := c.vendors[names[at/len(lanes)]], lanes[at%len(lanes)]
+	info, err := insp.GetTaskInfo(laneQueue(v.Name, lane), id)
+	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return Vendor{}, 0, nil, fmt.Errorf("%w %q in vendor %s's queue: it was deleted meanwhile", ErrNoTask, id, v.Name)
+	}
+	if err != nil {
+		return Vendor{}, 0, nil, fmt.Errorf("queue: read task %s: %w", id, err)
+	}
+	return v, lane, info, nil
 }
 
 func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *asynq.TaskInfo, now time.Time) (Explanation, error) {

@@ -42,3 +42,9 @@ func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + 
 // aliveKey is the sorted set of live workers (see alive.go), of every
 // vendor.
 func aliveKey(prefix string) string { return prefix + ":alive" }
+
+// claimsKey is the sorted set of a vendor's call ids claimed lately, and
+// roomKey the room reserved in its queue_limit by enqueues under way
+// (claim.go); both carry the vendor's hash tag.
+func claimsKey(prefix, vendor string) string { return prefix + ":{" + bucketName(vendor) + "}:ids" }
+func roomKey(prefix, vendor string) string   { return prefix + ":{" + bucketName(vendor) + "}:room" }
