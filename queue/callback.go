@@ -21,8 +21,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -58,18 +61,61 @@ type Callback struct {
 	URL string `json:"url"`
 }
 
-// CallbackConfig is the [callbacks] table. Allow lists the URL prefixes a
-// callback may name (scheme, host and port exactly, then a path prefix):
-// no callback goes to a host it does not name, and with none, callbacks
-// are refused at enqueue.
+// CallbackConfig is the [callbacks] table. A callback may name a URL
+// under one of its prefixes (Prefixes: scheme, host and port exactly,
+// then a path prefix): no callback goes to a host it does not name, and
+// with none, callbacks are refused at enqueue.
 type CallbackConfig struct {
+	// Allow lists prefixes whose deliveries are signed with Secret.
 	Allow []string
-	// Secret keys the HMAC-SHA256 signature (workers only; enqueueing
-	// needs none).
-	Secret      string
+	// Secret keys the HMAC-SHA256 signature of deliveries under Allow's
+	// prefixes, the default (workers only; enqueueing needs none).
+	Secret string
+	// Receivers are prefixes with a secret of their own: a receiver can
+	// verify its deliveries but not sign another's.
+	Receivers   []CallbackReceiver
 	Timeout     time.Duration // one delivery attempt; default 10s
 	Attempts    int           // delivery attempts before the callback is archived; default 20
 	Concurrency int           // deliveries at once per worker; default 20
+}
+
+// CallbackReceiver is a URL prefix whose deliveries are signed with a
+// secret of its own.
+type CallbackReceiver struct {
+	Prefix string
+	Secret string
+}
+
+// Prefixes returns every prefix a callback may name: Allow's and the
+// receivers'.
+func (c CallbackConfig) Prefixes() []string {
+	out := slices.Clone(c.Allow)
+	for _, r := range c.Receivers {
+		out = append(out, r.Prefix)
+	}
+	return out
+}
+
+// secretFor returns the secret that signs a delivery to u: that of the
+// longest prefix u is under, a receiver's own or, for an Allow prefix,
+// Secret (a receiver's, when one has the same prefix as Allow); ok is
+// false when u is under none.
+func (c CallbackConfig) secretFor(u *url.URL) (secret string, ok bool) {
+	if plainPath(u) != nil {
+		return "", false
+	}
+	best := -1
+	for _, a := range c.Allow {
+		if n, under := underPrefix(a, u); under && n > best {
+			best, secret = n, c.Secret
+		}
+	}
+	for _, r := range c.Receivers {
+		if n, under := underPrefix(r.Prefix, u); under && n >= best {
+			best, secret = n, r.Secret
+		}
+	}
+	return secret, best >= 0
 }
 
 // ErrCallbackNotAllowed is returned for a callback URL outside
@@ -249,7 +295,7 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, t *asynq.
 	}
 	body, _ := json.Marshal(o)
 	payload, _ := json.Marshal(callbackTask{URL: call.Callback.URL, Body: body})
-	attempts := w.cfg.Callbacks.Attempts
+	attempts := w.callbackConfig().Attempts
 	if attempts <= 0 {
 		attempts = DefaultCallbackAttempts
 	}
@@ -266,7 +312,7 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, t *asynq.
 			return
 		}
 		if time.Now().Add(wait).After(deadline) {
-			w.log.Error("could not queue a call's callback: it is not delivered", "vendor", vendor, "task", id, "url", call.Callback.URL, "err", e)
+			w.log.Error("could not queue a call's callback: it is not delivered", "vendor", vendor, "task", id, "url", safeURL(call.Callback.URL), "err", e)
 			return
 		}
 		time.Sleep(wait)
@@ -323,55 +369,78 @@ func Verify(secret, header string, body []byte, tolerance time.Duration, now tim
 }
 
 // deliver is the handler of callback deliveries: one signed POST, retried
-// by asynq (callbackDelay) until it is answered 2xx.
-func (w *Worker) deliver(client *http.Client) asynq.HandlerFunc {
-	cfg := w.cfg.Callbacks
-	return func(ctx context.Context, t *asynq.Task) error {
-		defer w.health.await(ctx, awaitRedis)
-		var ct callbackTask
-		if err := json.Unmarshal(t.Payload(), &ct); err != nil {
-			return fmt.Errorf("malformed callback payload: %w: %w", err, asynq.SkipRetry)
-		}
-		// The worker checks too: a task queued by an older config, or not
-		// through a Client, goes nowhere its own allow-list does not name.
-		u, err := checkCallbackURL(ct.URL)
-		if err == nil && !allowed(cfg.Allow, u) {
-			err = fmt.Errorf("%w: %s is not under any prefix of this worker's [callbacks] allow", ErrCallbackNotAllowed, ct.URL)
-		}
-		if err != nil {
-			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
-		}
-		id, _ := asynq.GetTaskID(ctx)
-		callID := id
-		if _, after, ok := strings.Cut(id, ":"); ok {
-			callID = after
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ct.URL, bytes.NewReader(ct.Body))
-		if err != nil {
-			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("User-Agent", "shaper-callback")
-		req.Header.Set("Idempotency-Key", callID)
-		req.Header.Set(SignatureHeader, Sign(cfg.Secret, time.Now(), ct.Body))
-		ctx, span := w.deliverySpan(ctx, t, req)
-		defer span.End()
-		resp, err := client.Do(req.WithContext(ctx))
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-			return fmt.Errorf("callback %s: %w", ct.URL, err)
-		}
-		span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
-		excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			span.SetStatus(codes.Error, "HTTP "+strconv.Itoa(resp.StatusCode))
-			return fmt.Errorf("callback %s: HTTP %d: %s", ct.URL, resp.StatusCode, excerpt)
-		}
-		return nil
+// by asynq (callbackDelay) until it is answered 2xx. Each attempt reads
+// the callbacks in force (a reload changes them): a URL no longer under
+// any prefix is archived unsent, and the secret is its receiver's now.
+func (w *Worker) deliver(ctx context.Context, t *asynq.Task) error {
+	defer w.health.await(ctx, awaitRedis)
+	cfg := w.callbackConfig()
+	var ct callbackTask
+	if err := json.Unmarshal(t.Payload(), &ct); err != nil {
+		return fmt.Errorf("malformed callback payload: %w: %w", err, asynq.SkipRetry)
 	}
+	// What the delivery leaves behind (its error, the log) names the URL
+	// without its query, which may hold the receiver's key.
+	err := w.deliverTo(ctx, t, cfg, ct)
+	if err != nil {
+		err = redactedError{safeError(err), querySecrets(ct.URL)}
+	}
+	return err
+}
+
+func (w *Worker) deliverTo(ctx context.Context, t *asynq.Task, cfg CallbackConfig, ct callbackTask) error {
+	// The worker checks too: a task queued by an older config, or not
+	// through a Client, goes nowhere its own prefixes do not name.
+	u, err := checkCallbackURL(ct.URL)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	secret, ok := cfg.secretFor(u)
+	switch {
+	case !ok && len(cfg.Prefixes()) == 0:
+		return fmt.Errorf("%w: %s: callbacks are off in this worker's [callbacks]: not sent: %w", ErrCallbackNotAllowed, safeURL(ct.URL), asynq.SkipRetry)
+	case !ok:
+		return fmt.Errorf("%w: %s is not under any prefix of this worker's [callbacks] (%s): not sent: %w",
+			ErrCallbackNotAllowed, safeURL(ct.URL), strings.Join(cfg.Prefixes(), ", "), asynq.SkipRetry)
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	callID := id
+	if _, after, ok := strings.Cut(id, ":"); ok {
+		callID = after
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ct.URL, bytes.NewReader(ct.Body))
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "shaper-callback")
+	req.Header.Set("Idempotency-Key", callID)
+	req.Header.Set(SignatureHeader, Sign(secret, time.Now(), ct.Body))
+	ctx, span := w.deliverySpan(ctx, t, req)
+	defer span.End()
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = DefaultCallbackTimeout
+	}
+	client := &http.Client{Transport: w.cfg.Transport, Timeout: timeout,
+		// A redirect could leave the allow-list.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req.WithContext(ctx))
+	if err != nil {
+		err = safeError(err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return fmt.Errorf("callback %s: %w", safeURL(ct.URL), err)
+	}
+	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	excerpt := readExcerpt(resp.Body, 256, querySecrets(ct.URL))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		span.SetStatus(codes.Error, "HTTP "+strconv.Itoa(resp.StatusCode))
+		return fmt.Errorf("callback %s: HTTP %d: %s", safeURL(ct.URL), resp.StatusCode, excerpt)
+	}
+	return nil
 }
 
 // deliverySpan starts the span of one delivery attempt (shaper.callback),
@@ -387,7 +456,7 @@ func (w *Worker) deliverySpan(ctx context.Context, t *asynq.Task, req *http.Requ
 	}
 	n, _ := asynq.GetRetryCount(ctx)
 	ctx, span := tp.Tracer(tracerName).Start(ctx, "shaper.callback", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("http.request.method", http.MethodPost), attribute.String("url.full", req.URL.Redacted()), attrRetry.Int(n)))
+		trace.WithAttributes(attribute.String("http.request.method", http.MethodPost), attribute.String("url.full", safeURL(req.URL.String())), attrRetry.Int(n)))
 	if span.SpanContext().IsValid() {
 		traceW3C.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	}
@@ -405,16 +474,52 @@ func callbackDelay(n int, _ error, _ *asynq.Task) time.Duration {
 	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// startCallbacks starts the server of deliveries when callbacks are on;
-// the returned function stops it.
-func (w *Worker) startCallbacks() (stop func(), err error) {
-	cfg := w.cfg.Callbacks
-	if len(cfg.Allow) == 0 {
-		return func() {}, nil
+// callbackState is a worker's callbacks: the config in force, which a
+// reload replaces (ApplyCallbacks), and the server of deliveries, which
+// runs from the start of Run, or from the reload that turns callbacks on,
+// until Run returns.
+type callbackState struct {
+	cfg     atomic.Pointer[CallbackConfig] // nil: WorkerConfig.Callbacks
+	mu      sync.Mutex                     // guards running and server, and orders Apply
+	running bool                           // Run is between startCallbacks and its stop
+	server  *asynq.Server
+}
+
+// callbackConfig returns the callbacks in force.
+func (w *Worker) callbackConfig() CallbackConfig {
+	if c := w.callbacks.cfg.Load(); c != nil {
+		return *c
 	}
-	timeout := cfg.Timeout
-	if timeout <= 0 {
-		timeout = DefaultCallbackTimeout
+	return w.cfg.Callbacks
+}
+
+// startCallbacks starts the server of deliveries when callbacks are on;
+// the returned function stops it (Run's, when it returns).
+func (w *Worker) startCallbacks() (stop func(), err error) {
+	s := &w.callbacks
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := w.startDeliveriesLocked(); err != nil {
+		return nil, err
+	}
+	s.running = true
+	return func() {
+		s.mu.Lock()
+		server := s.server
+		s.server, s.running = nil, false
+		s.mu.Unlock()
+		if server != nil {
+			server.Shutdown()
+		}
+	}, nil
+}
+
+// startDeliveriesLocked starts the server of deliveries if callbacks are
+// on and it is not running; callbacks.mu is held.
+func (w *Worker) startDeliveriesLocked() error {
+	cfg := w.callbackConfig()
+	if w.callbacks.server != nil || len(cfg.Prefixes()) == 0 {
+		return nil
 	}
 	concurrency := cfg.Concurrency
 	if concurrency <= 0 {
@@ -430,25 +535,122 @@ func (w *Worker) startCallbacks() (stop func(), err error) {
 		Logger:                   asynqLogger{w.log.With("queue", CallbackQueueName(w.cfg.KeyPrefix)), &w.health},
 		LogLevel:                 asynq.WarnLevel,
 	})
-	client := &http.Client{Transport: w.cfg.Transport, Timeout: timeout,
-		// A redirect could leave the allow-list.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	if err := server.Start(w.deliver(client)); err != nil {
-		return nil, fmt.Errorf("queue: start the callbacks' worker: %w", err)
+	if err := server.Start(asynq.HandlerFunc(w.deliver)); err != nil {
+		return fmt.Errorf("queue: start the callbacks' worker: %w", err)
 	}
-	return server.Shutdown, nil
+	w.callbacks.server = server
+	return nil
 }
 
-// checkCallbackConfig checks a worker's callbacks: a valid allow-list and,
-// with one, a secret to sign with.
+// ApplyCallbacks brings the worker's callbacks to cfg (a config reload).
+// Every delivery attempt from then on checks its URL against cfg's
+// prefixes and is signed with cfg's secrets: a receiver removed from cfg
+// receives nothing more (its queued deliveries are archived, with an
+// error naming their URL, when they next come up), and one whose secret
+// changed gets the new one. Callbacks turned on start the worker's
+// deliveries; turned off, the worker archives the deliveries it meets. A
+// change of concurrency applies when the worker restarts. It returns what
+// changed, naming prefixes and never a secret; on error nothing changed.
+func (w *Worker) ApplyCallbacks(cfg CallbackConfig) (notes []string, err error) {
+	if err := checkCallbackConfig(cfg); err != nil {
+		return nil, err
+	}
+	s := &w.callbacks
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := w.callbackConfig()
+	notes = callbackChanges(old, cfg)
+	cfg.Allow, cfg.Receivers = slices.Clone(cfg.Allow), slices.Clone(cfg.Receivers)
+	s.cfg.Store(&cfg)
+	if s.running {
+		if err := w.startDeliveriesLocked(); err != nil {
+			return notes, err
+		}
+	}
+	return notes, nil
+}
+
+// callbackChanges says what changed from old to cfg, in the words of the
+// config's keys, naming prefixes and never secrets.
+func callbackChanges(old, cfg CallbackConfig) []string {
+	var notes []string
+	on, wasOn := len(cfg.Prefixes()) > 0, len(old.Prefixes()) > 0
+	switch {
+	case on && !wasOn:
+		notes = append(notes, "callbacks turned on: this worker delivers them")
+	case !on && wasOn:
+		notes = append(notes, "callbacks turned off: deliveries still queued are archived unsent when they come up")
+	}
+	for _, a := range cfg.Allow {
+		if !slices.Contains(old.Allow, a) {
+			notes = append(notes, "callbacks: allow "+a+" added")
+		}
+	}
+	for _, a := range old.Allow {
+		if !slices.Contains(cfg.Allow, a) {
+			notes = append(notes, "callbacks: allow "+a+" removed: deliveries under it only are archived unsent from now on")
+		}
+	}
+	if cfg.Secret != old.Secret && len(cfg.Allow) > 0 && len(old.Allow) > 0 {
+		notes = append(notes, "callbacks: the secret changed: deliveries under allow are signed with the new one from now on")
+	}
+	secrets := func(rs []CallbackReceiver) map[string]string {
+		m := map[string]string{}
+		for _, r := range rs {
+			m[r.Prefix] = r.Secret
+		}
+		return m
+	}
+	now, before := secrets(cfg.Receivers), secrets(old.Receivers)
+	for _, r := range cfg.Receivers {
+		switch secret, ok := before[r.Prefix]; {
+		case !ok:
+			notes = append(notes, "callbacks: receiver "+r.Prefix+" added, with its own secret")
+		case secret != r.Secret:
+			notes = append(notes, "callbacks: receiver "+r.Prefix+": its secret changed: its deliveries are signed with the new one from now on")
+		}
+	}
+	for _, r := range old.Receivers {
+		if _, ok := now[r.Prefix]; !ok {
+			notes = append(notes, "callbacks: receiver "+r.Prefix+" removed: deliveries under it only are archived unsent from now on")
+		}
+	}
+	if cfg.Timeout != old.Timeout {
+		notes = append(notes, fmt.Sprintf("callbacks: timeout %s -> %s", old.Timeout, cfg.Timeout))
+	}
+	if cfg.Attempts != old.Attempts {
+		notes = append(notes, fmt.Sprintf("callbacks: attempts %d -> %d, for callbacks queued from now on", old.Attempts, cfg.Attempts))
+	}
+	if cfg.Concurrency != old.Concurrency {
+		notes = append(notes, fmt.Sprintf("callbacks: concurrency %d -> %d applies when the worker restarts", old.Concurrency, cfg.Concurrency))
+	}
+	return notes
+}
+
+// checkCallbackConfig checks a worker's callbacks: valid prefixes, a
+// secret for each receiver, and, with an allow-list, the secret that signs
+// its deliveries.
 func checkCallbackConfig(cfg CallbackConfig) error {
-	if len(cfg.Allow) == 0 {
+	if len(cfg.Prefixes()) == 0 {
 		return nil
 	}
 	if err := CheckCallbackAllow(cfg.Allow); err != nil {
 		return fmt.Errorf("queue: callbacks: allow: %w", err)
 	}
-	if cfg.Secret == "" {
+	seen := map[string]bool{}
+	for i, r := range cfg.Receivers {
+		if err := CheckCallbackAllow([]string{r.Prefix}); err != nil {
+			return fmt.Errorf("queue: callbacks: receiver %d: %w", i+1, err)
+		}
+		if seen[r.Prefix] {
+			return fmt.Errorf("queue: callbacks: receiver %d: %s is another receiver's prefix too; give each prefix one secret", i+1, r.Prefix)
+		}
+		seen[r.Prefix] = true
+		if r.Secret == "" {
+			return fmt.Errorf("queue: callbacks: receiver %s: a secret is needed to sign its callbacks", r.Prefix)
+		}
+	}
+	if len(cfg.Allow) > 0 && cfg.Secret == "" {
 		return errors.New("queue: callbacks: a secret is needed to sign them ([callbacks] secret, e.g. secret = \"${SHAPER_CALLBACK_SECRET}\")")
 	}
 	return nil

@@ -120,8 +120,12 @@ type receiver struct {
 	got    map[string][]Outcome // by Idempotency-Key
 	bad    []string
 	hook   func(*http.Request) // called with each good delivery, under mu
+	signed []signedDelivery    // the good deliveries, as received
 	srv    *http.Server
 }
+
+// signedDelivery is a delivery as a receiver got it.
+type signedDelivery struct{ signature, body string }
 
 func newReceiver(t *testing.T, secret string) *receiver {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -139,13 +143,13 @@ func (r *receiver) url() string { return "http://" + r.addr + "/hooks/shaper" }
 func (r *receiver) serve(ln net.Listener) {
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		var o Outcome
 		err := verify(r.secret, req, body)
 		if err == nil {
 			err = json.Unmarshal(body, &o)
 		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
 		if err != nil {
 			r.bad = append(r.bad, err.Error())
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -155,6 +159,7 @@ func (r *receiver) serve(ln net.Listener) {
 			r.bad = append(r.bad, fmt.Sprintf("Idempotency-Key %q for call %q", key, o.ID))
 		}
 		r.got[o.ID] = append(r.got[o.ID], o)
+		r.signed = append(r.signed, signedDelivery{req.Header.Get(SignatureHeader), string(body)})
 		if r.hook != nil {
 			r.hook(req)
 		}
@@ -446,5 +451,184 @@ func TestCallbackSentAtIsWhenTheCallWentOut(t *testing.T) {
 			t.Errorf("call %d to go out has sent_at %s, %s after the calls were queued: before its tick could come (%s after)",
 				k+1, s.Format(time.StampMicro), s.Sub(queued).Round(time.Millisecond), time.Duration(k)*interval)
 		}
+	}
+}
+
+// newCallbackClient is a client whose allow-list is e.callbacks' prefixes
+// (receivers' included).
+func (e *env) newCallbackClient() *Client {
+	c := NewClient(e.rdb(), ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix, CallbackAllow: e.callbacks.Prefixes()})
+	e.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestCallbackSecretForTheLongestPrefix: a delivery is signed with the
+// secret of the longest prefix its URL is under.
+func TestCallbackSecretForTheLongestPrefix(t *testing.T) {
+	cfg := CallbackConfig{
+		Allow:     []string{"https://a.example/", "https://c.example/hooks"},
+		Secret:    "default",
+		Receivers: []CallbackReceiver{{"https://a.example/hooks/", "a"}, {"https://a.example/hooks/b", "b"}, {"https://c.example/hooks", "c"}},
+	}
+	for raw, want := range map[string]string{
+		"https://a.example/other":      "default",
+		"https://a.example/hooks":      "a",
+		"https://a.example/hooks/x":    "a",
+		"https://a.example/hooks/b":    "b",
+		"https://a.example/hooks/b/1":  "b",
+		"https://a.example/hooks/bb":   "a",
+		"https://c.example/hooks/z":    "c", // a receiver's secret beats allow's for the same prefix
+		"https://d.example/hooks/z":    "",
+		"https://a.example/hooks/../b": "",
+	} {
+		u, _ := url.Parse(raw)
+		got, ok := cfg.secretFor(u)
+		if got != want || ok != (want != "") {
+			t.Errorf("%s: secret %q (%v), want %q", raw, got, ok, want)
+		}
+	}
+	for _, bad := range []CallbackConfig{
+		{Receivers: []CallbackReceiver{{"https://a.example/hooks", ""}}},
+		{Receivers: []CallbackReceiver{{"https://a.example/hooks", "a"}, {"https://a.example/hooks", "b"}}},
+		{Receivers: []CallbackReceiver{{"a.example/hooks", "a"}}},
+		{Allow: []string{"https://a.example/"}, Receivers: []CallbackReceiver{{"https://a.example/hooks", "a"}}},
+	} {
+		if err := checkCallbackConfig(bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	if err := checkCallbackConfig(CallbackConfig{Receivers: []CallbackReceiver{{"https://a.example/hooks", "a"}}}); err != nil {
+		t.Errorf("receivers alone, each with its secret: %v", err)
+	}
+}
+
+// TestCallbackSecretPerReceiver: two receivers with secrets of their
+// own and one under the default secret each verify their deliveries with
+// their secret, and a delivery to one does not verify with another's: a
+// receiver cannot sign (forge) for another.
+func TestCallbackSecretPerReceiver(t *testing.T) {
+	e := newEnv(t)
+	v := e.vendor("cbsecrets", policy(100), 0, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	secrets := map[string]string{"a": "secret-of-a", "b": "secret-of-b", "c": "the-default"}
+	rcs := map[string]*receiver{}
+	for name, s := range secrets {
+		rcs[name] = newReceiver(t, s)
+	}
+	e.callbacks = CallbackConfig{
+		// a's whole origin is allowed under the default secret; its
+		// receiver prefix, longer, has its own.
+		Allow:  []string{"http://" + rcs["c"].addr + "/hooks", "http://" + rcs["a"].addr + "/"},
+		Secret: secrets["c"],
+		Receivers: []CallbackReceiver{
+			{Prefix: "http://" + rcs["a"].addr + "/hooks", Secret: secrets["a"]},
+			{Prefix: "http://" + rcs["b"].addr + "/hooks/", Secret: secrets["b"]},
+		},
+	}
+	c := e.newCallbackClient()
+	const each = 3
+	for name, rc := range rcs {
+		for i := range each {
+			if _, err := c.Enqueue(context.Background(), Call{ID: fmt.Sprintf("%s-%d", name, i), Vendor: v, Path: "/x", Callback: &Callback{URL: rc.url()}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	e.startWorker(nil)
+	for name, rc := range rcs {
+		waitFor(t, 30*time.Second, "the callbacks to "+name, func() bool {
+			rc.mu.Lock()
+			defer rc.mu.Unlock()
+			return len(rc.got) == each || len(rc.bad) > 0
+		})
+	}
+	now := time.Now()
+	for name, rc := range rcs {
+		rc.mu.Lock()
+		if len(rc.bad) > 0 {
+			t.Errorf("receiver %s could not verify a delivery with its secret: %s", name, rc.bad[0])
+		}
+		for _, d := range rc.signed {
+			if err := Verify(secrets[name], d.signature, []byte(d.body), time.Minute, now); err != nil {
+				t.Errorf("receiver %s: %v", name, err)
+			}
+			for other, s := range secrets {
+				if other != name && Verify(s, d.signature, []byte(d.body), time.Minute, now) == nil {
+					t.Errorf("a delivery to %s verifies with %s's secret: %s could sign for %s", name, other, other, name)
+				}
+			}
+		}
+		rc.mu.Unlock()
+	}
+}
+
+// TestCallbacksReload: a running worker takes an edit of [callbacks] at
+// once. A receiver removed while a delivery to it waits for a retry
+// (the receiver was down) never receives it: the delivery is archived,
+// naming its URL; a receiver whose secret changed gets the next
+// deliveries signed with the new one; the notes name what changed and no
+// secret.
+func TestCallbacksReload(t *testing.T) {
+	e := newEnv(t)
+	v := e.vendor("cbreload", policy(100), 0, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	ra, rb := newReceiver(t, "a-first"), newReceiver(t, "b-secret")
+	prefixA, prefixB := "http://"+ra.addr+"/hooks", "http://"+rb.addr+"/hooks"
+	e.callbacks = CallbackConfig{Receivers: []CallbackReceiver{{prefixA, "a-first"}, {prefixB, "b-secret"}}}
+	c := e.newCallbackClient()
+	enqueue := func(id string, rc *receiver) {
+		t.Helper()
+		if _, err := c.Enqueue(context.Background(), Call{ID: id, Vendor: v, Path: "/x", Callback: &Callback{URL: rc.url()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var w *Worker
+	e.startWorker(func(x *Worker) { w = x })
+	enqueue("a-1", ra)
+	enqueue("b-1", rb)
+	waitFor(t, 30*time.Second, "the first callbacks", func() bool { return ra.received() == 1 && rb.received() == 1 })
+
+	rb.down()
+	enqueue("b-2", rb)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	delivery := v + ":b-2"
+	waitFor(t, 30*time.Second, "the delivery to the receiver that is down to fail once", func() bool {
+		info, err := insp.GetTaskInfo(CallbackQueueName(e.prefix), delivery)
+		return err == nil && info.State == asynq.TaskStateRetry
+	})
+	notes, err := w.ApplyCallbacks(CallbackConfig{Receivers: []CallbackReceiver{{prefixA, "a-second"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(notes, "\n")
+	for _, want := range []string{"receiver " + prefixB + " removed", "receiver " + prefixA + ": its secret changed"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("notes %q, want %q", notes, want)
+		}
+	}
+	for _, s := range []string{"a-first", "a-second", "b-secret"} {
+		if strings.Contains(text, s) {
+			t.Errorf("the notes name a secret: %q", notes)
+		}
+	}
+	rb.up()
+	ra.mu.Lock()
+	ra.secret = "a-second"
+	ra.mu.Unlock()
+	enqueue("a-2", ra)
+	var info *asynq.TaskInfo
+	waitFor(t, 30*time.Second, "the delivery to the removed receiver to end", func() bool {
+		info, err = insp.GetTaskInfo(CallbackQueueName(e.prefix), delivery)
+		return err == nil && (info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted)
+	})
+	if info.State != asynq.TaskStateArchived || !strings.Contains(info.LastErr, rb.url()) || !strings.Contains(info.LastErr, "not sent") {
+		t.Errorf("the delivery to the removed receiver: %s, %q; want archived, naming its URL, not sent", info.State, info.LastErr)
+	}
+	waitFor(t, 30*time.Second, "the callback to a after the reload", func() bool { return ra.received() == 2 })
+	if n := rb.received(); n != 1 {
+		t.Errorf("the removed receiver got %d callbacks, want only the one before the reload", n)
+	}
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if len(ra.bad) > 0 {
+		t.Errorf("after the reload a could not verify with its new secret: %s", ra.bad[0])
 	}
 }

@@ -161,6 +161,9 @@ type Worker struct {
 	transport *http.Transport
 	// health is whether Redis answers, from Run's pings.
 	health redisHealth
+	// callbacks are the [callbacks] in force and their deliveries' server
+	// (callback.go).
+	callbacks callbackState
 
 	applyMu  sync.Mutex          // one Apply at a time
 	applyc   chan applyRequest   // to Run's loop while it runs
