@@ -33,7 +33,7 @@ func (v Vendor) Queue() queue.Vendor {
 // ClientConfig returns the config of a queue client (enqueueing).
 func (c *Config) ClientConfig() queue.ClientConfig {
 	cc := queue.ClientConfig{MaxRetry: c.Worker.MaxRetry, Retention: c.Worker.Retention,
-		WaitReplicas: c.Redis.WaitReplicas, WaitTimeout: c.Redis.WaitTimeout, CallbackAllow: c.Callbacks.Allow}
+		WaitReplicas: c.Redis.WaitReplicas, WaitTimeout: c.Redis.WaitTimeout, CallbackAllow: c.Callbacks.Prefixes()}
 	for _, v := range c.Vendors {
 		cc.Vendors = append(cc.Vendors, v.Queue())
 	}
