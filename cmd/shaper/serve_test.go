@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
@@ -60,6 +61,23 @@ rate = 5
 	}
 	if code, body := post("{\"vendor\":\"" + p + "\",\"path\":\"/a\"}\n{\"vendor\":\"" + p + "\",\"method\":\"get\"}\n"); code != http.StatusBadRequest || !strings.Contains(body, `"line":2`) {
 		t.Errorf("POST a bad line: %d %s, want 400 naming line 2", code, body)
+	}
+	one := `{"vendor":"` + p + `","id":"` + p + `-refused","path":"/a"}`
+	for _, tc := range []struct {
+		name, host, ctype string
+		header            []string
+		status            int
+	}{
+		{"another Host", "evil.example", "application/json", nil, http.StatusMisdirectedRequest},
+		{"another site's page", "", "application/json", []string{"Origin", "https://evil.example"}, http.StatusForbidden},
+		{"no Content-Type", "", "", nil, http.StatusUnsupportedMediaType},
+	} {
+		if code, body := send(t, "POST", url, tc.host, tc.ctype, one, tc.header...); code != tc.status {
+			t.Errorf("POST with %s: %d %s, want %d", tc.name, code, body, tc.status)
+		}
+	}
+	if o, err := runShaper(t, "", "explain", "--config", cfg, p+"-refused"); err == nil {
+		t.Errorf("a refused POST queued its call:\n%s", o)
 	}
 	if o, err := runShaper(t, "", "serve", "--config", cfg, "--addr", "0.0.0.0:0"); err == nil || !strings.Contains(o, "--api-token") {
 		t.Errorf("serve on 0.0.0.0 without a token: %v\n%s, want it refused naming --api-token", err, o)
@@ -123,4 +141,31 @@ func newOKVendor(t *testing.T) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// send is one request to a server the test started: Host host (when not
+// ""), Content-Type ctype (when not ""), more headers; it returns the
+// status and the body.
+func send(t *testing.T, method, url, host, ctype, body string, header ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/internal/report"
 	"github.com/shaper-dev/shaper/internal/ui"
 	"github.com/shaper-dev/shaper/queue"
@@ -116,17 +117,19 @@ func servePage(addr, flag string, src *pageSource, rdb redis.UniversalClient, fl
 	if err := ui.CheckAddr(flag, addr, token); err != nil {
 		return nil, err
 	}
-	page, err := ui.New(ui.Options{Source: src, Asynq: asynqmonHandler(rdb, flags.allowWrites), Token: token, Log: log})
-	if err != nil {
-		return nil, err
-	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", flag, addr, err)
 	}
+	page, err := ui.New(ui.Options{Source: src, Asynq: asynqmonHandler(rdb, flags.allowWrites), Token: token, Log: log,
+		Addr: httpguard.Bound(addr, ln)})
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &http.Server{Handler: page.Handler(), ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := httpguard.NewServer(page.Handler(), ui.WriteTimeout, log)
+	srv.BaseContext = func(net.Listener) context.Context { return ctx }
 	var running sync.WaitGroup
 	running.Go(func() { page.Run(ctx) })
 	running.Go(func() { _ = srv.Serve(ln) })
@@ -144,7 +147,9 @@ func servePage(addr, flag string, src *pageSource, rdb redis.UniversalClient, fl
 }
 
 // pageSource is the live page's ui.Source: the stats report and explain
-// of the config in force, which SetConfig replaces.
+// of the config in force, which SetConfig replaces. Its one gate serves
+// every client it makes: a gate adds a hook to rdb (shaper.NewGate), so
+// a gate per reload would pile them up for the life of the process.
 type pageSource struct {
 	rdb  redis.UniversalClient
 	gate *shaper.Gate
@@ -155,12 +160,21 @@ type pageSource struct {
 }
 
 func newPageSource(rdb redis.UniversalClient, cfg *config.Config) *pageSource {
-	return &pageSource{rdb: rdb, gate: shaper.NewGate(rdb, shaper.Config{}), cfg: cfg, client: queue.NewClient(rdb, cfg.ClientConfig())}
+	p := &pageSource{rdb: rdb, gate: shaper.NewGate(rdb, shaper.Config{}), cfg: cfg}
+	p.client = p.newClient(cfg)
+	return p
+}
+
+// newClient is a queue client of cfg on the page's gate.
+func (p *pageSource) newClient(cfg *config.Config) *queue.Client {
+	cc := cfg.ClientConfig()
+	cc.Gate = p.gate
+	return queue.NewClient(p.rdb, cc)
 }
 
 // SetConfig makes next the config the page shows.
 func (p *pageSource) SetConfig(next *config.Config) {
-	c := queue.NewClient(p.rdb, next.ClientConfig())
+	c := p.newClient(next)
 	p.mu.Lock()
 	old := p.client
 	p.cfg, p.client = next, c

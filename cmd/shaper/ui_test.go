@@ -89,6 +89,12 @@ total = { rate = 10, window = "1s" }
 	} else {
 		resp.Body.Close()
 	}
+	if code, body := send(t, "GET", base+"/", "evil.example", "", ""); code != http.StatusMisdirectedRequest || !strings.Contains(body, "evil.example") {
+		t.Errorf("GET / with Host evil.example: %d %s, want 421 naming it", code, body)
+	}
+	if code, body := send(t, "POST", base+"/asynq/api/queues/vendor:"+p+"-crm:pause", "", "", "", "Origin", "https://evil.example"); code != http.StatusForbidden {
+		t.Errorf("POST to asynqmon from another site's page: %d %s, want 403", code, body)
+	}
 	for path, want := range map[string]string{
 		"/vendors/nope":     `no vendor \"nope\" in the config`,
 		"/api/explain/nope": "no such task",

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/api"
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/internal/metrics"
 	"github.com/shaper-dev/shaper/internal/ui"
 	"github.com/shaper-dev/shaper/queue"
@@ -254,6 +255,9 @@ func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reloa
 	}
 }
 
+// metricsWriteTimeout bounds a scrape's answer: a read of Redis.
+const metricsWriteTimeout = 30 * time.Second
+
 // serveMetrics serves h on addr. stop shuts the server down (scrapes in
 // progress get 5 s) and waits for it.
 func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
@@ -263,7 +267,7 @@ func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), e
 	}
 	// The server's own errors (a broken scrape connection) go to the
 	// worker's log too, not to the log package's default logger.
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := httpguard.NewServer(h, metricsWriteTimeout, log)
 	var serving sync.WaitGroup
 	serving.Go(func() { _ = srv.Serve(ln) })
 	base := "http://" + ln.Addr().String()
