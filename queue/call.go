@@ -60,11 +60,16 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		req := taskRequest(t)
 		req.Tag = w.tagOf(ctx)
 		req.Backlogged = w.backlogged(ctx, rt, account, req.Lane)
-		err = h(vendorclients.WithRequest(ctx, req), t, client)
-		if d := w.asDeferral(ctx, rt, account, req.Lane, err); d != nil {
-			return d
+		for {
+			err = h(vendorclients.WithRequest(ctx, req), t, client)
+			d := w.asDeferral(ctx, rt, account, req.Lane, err)
+			if d == nil {
+				return spendRetry(ctx, t, err)
+			}
+			if !w.holdLastAttempt(ctx, d) {
+				return d
+			}
 		}
-		return err
 	}
 }
 
@@ -76,9 +81,15 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 	id, _ := asynq.GetTaskID(ctx)
 	client, err := rt.clientFor(call.Account)
 	var res CallResult
-	if err == nil {
+	for err == nil {
 		err = w.doCall(ctx, rt, client, t, id, call, &res)
+		var d *deferError
+		if !errors.As(err, &d) || !w.holdLastAttempt(ctx, d) {
+			break
+		}
+		err = nil // waited out in place, with no retry left: ask again
 	}
+	err = spendRetry(ctx, t, err)
 	w.markEnd(ctx, call.Export, id, err)
 	if err != nil && len(call.Headers) > 0 {
 		// The call's own headers (an Authorization per customer) stay out
