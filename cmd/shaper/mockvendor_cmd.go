@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shaper-dev/shaper/internal/httpguard"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 )
 
@@ -82,7 +83,7 @@ requests in any of its windows.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "mock vendor on http://%s: %s, %d per %s, phase %s, Retry-After %s, headers %s, jitter 0-%s\n",
 				ln.Addr(), kind, rate, window, v.Phase.Round(time.Millisecond), retryAfter, headers, jitter)
-			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			srv := httpguard.NewServer(h, jitter+time.Minute, nil)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			go func() { <-ctx.Done(); _ = srv.Shutdown(context.Background()) }()
