@@ -36,7 +36,8 @@ func newWorkerCmd() *cobra.Command {
 		Long: `Run the worker: one queue per vendor, calls started on each vendor's tick
 shared by every worker on the same Redis. Run as many as you like, on one
 machine or many. Edits to the config file (and SIGHUP) reload it: rates
-apply within a second, added vendors start, removed ones stop; an invalid
+apply within a second, added vendors start, removed ones stop, [callbacks]
+apply to the next delivery (a removed receiver gets nothing more); an invalid
 edit is logged and the last good config stays. On SIGINT/SIGTERM calls in
 flight finish (within worker.shutdown_timeout) and the rest go back to the
 queue.`,
@@ -238,6 +239,15 @@ func watchConfig(ctx context.Context, w *queue.Worker, cfg *config.Config, reloa
 		if err != nil {
 			log.Error("config reload rejected; the last good config stays in force", "err", err)
 			return
+		}
+		for _, n := range notes {
+			log.Info("config change applied", "change", n)
+		}
+		// [callbacks]: from the next delivery attempt; the notes name
+		// prefixes, never secrets.
+		notes, err = w.ApplyCallbacks(nwc.Callbacks)
+		if err != nil {
+			log.Error("[callbacks] reload rejected; the last good [callbacks] stay in force", "err", err)
 		}
 		for _, n := range notes {
 			log.Info("config change applied", "change", n)
