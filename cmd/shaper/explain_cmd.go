@@ -24,7 +24,11 @@ func newExplainCmd() *cobra.Command {
 its lane and place in it, the limit that binds (a backlog at the effective
 rate, a pause and why, a spent quota, the in-flight cap, a schedule), and
 an estimated start; for a call that ran, when it ended, its answer and its
-retries. Header values and bodies are never shown.`,
+retries. The answer is the vendor's status and the start of its body as
+stored with the call (body_excerpt in --json: up to 512 bytes, with the
+vendor's and the call's header values and query values redacted; quoted in
+the text). Header values and query strings are never shown: an error names
+the call's path without its query.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, func(ctx context.Context, _ *config.Config, _ redis.UniversalClient, c *queue.Client) error {
@@ -61,6 +65,9 @@ func printExplanation(w io.Writer, ex queue.Explanation, now time.Time) {
 	fmt.Fprintf(w, "  %s: %s\n", ex.Binding, ex.Reason)
 	if ex.EstimatedStart != nil {
 		fmt.Fprintf(w, "  estimated start: %s (in %s)\n", ex.EstimatedStart.Format(time.RFC3339), max(ex.EstimatedStart.Sub(now), 0).Round(100*time.Millisecond))
+	}
+	if ex.Status > 0 {
+		fmt.Fprintf(w, "  answer: HTTP %d: %q\n", ex.Status, ex.Body)
 	}
 	if ex.Retried > 0 || ex.LastError != "" {
 		fmt.Fprintf(w, "  retried %d times; last error: %s\n", ex.Retried, ex.LastError)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -130,5 +131,58 @@ func TestExplainEstimateOnABacklog(t *testing.T) {
 		wait := real.Sub(a.at)
 		t.Logf("%s: estimated to start in %s, started in %s (%+.1f%%)", a.id, a.est.Sub(a.at).Round(10*time.Millisecond),
 			wait.Round(10*time.Millisecond), 100*float64(a.est.Sub(real))/float64(wait))
+	}
+}
+
+// TestExplainShowsWhatItsHelpSays: for a finished call, explain shows
+// the start of the vendor's answer (text and --json's body_excerpt), as
+// its help says, with the secrets the vendor echoed redacted and the
+// path's query left out.
+func TestExplainShowsWhatItsHelpSays(t *testing.T) {
+	t.Parallel()
+	vendor := "explbody-" + redistest.Prefix(t)[5:]
+	const header, query = "hdr-t0ken-5e4d3c2b", "qry-k3y-9a8b7c6d"
+	vsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, "no such order; you sent %s and %s", r.Header.Get("X-Key"), r.URL.Query().Get("key"))
+	}))
+	t.Cleanup(vsrv.Close)
+	cfg := writeConfig(t, redistest.Addr(t), vendor, vsrv.URL, 50)
+	id := vendor + "-1"
+	line := fmt.Sprintf(`{"id":%q,"path":"/orders?key=%s","headers":{"X-Key":%q}}`+"\n", id, query, header)
+	if out, err := runShaper(t, line, "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-"); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	startWorker(t, cfg)
+	var ex queue.Explanation
+	waitUntil(t, 30*time.Second, "the call to end", func() bool {
+		out, err := runShaper(t, "", "explain", "--config", cfg, "--json", id)
+		return err == nil && json.Unmarshal([]byte(out), &ex) == nil && ex.State == "archived"
+	})
+	help, err := runShaper(t, "", "explain", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := runShaper(t, "", "explain", "--config", cfg, id)
+	if err != nil {
+		t.Fatalf("explain: %v\n%s", err, text)
+	}
+	jsonOut, _ := runShaper(t, "", "explain", "--config", cfg, "--json", id)
+	if strings.Contains(help, "bodies are never shown") || !strings.Contains(help, "body_excerpt") || !strings.Contains(help, "redacted") {
+		t.Errorf("explain --help does not say what it shows (the body's start, redacted):\n%s", help)
+	}
+	want := "no such order; you sent [redacted] and [redacted]"
+	if ex.Status != http.StatusBadRequest || ex.Body != want {
+		t.Errorf("explain --json: status %d, body_excerpt %q; want 400, %q", ex.Status, ex.Body, want)
+	}
+	if !strings.Contains(text, fmt.Sprintf("answer: HTTP 400: %q", want)) {
+		t.Errorf("explain's text lacks the answer:\n%s", text)
+	}
+	for _, out := range []string{text, jsonOut} {
+		for _, s := range []string{header, query, "key="} {
+			if strings.Contains(out, s) {
+				t.Errorf("explain shows %q:\n%s", s, out)
+			}
+		}
 	}
 }
