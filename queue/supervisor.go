@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +36,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 		back: time.Second + rt.vendor.forwardEvery()}
 	var last, counted, idleSince, stallChecked time.Time
 	stalls := stallLog{log: w.log.With("vendor", rt.vendor.Name)}
+	others := &otherPauseLog{log: w.log.With("vendor", rt.vendor.Name)}
 	for {
 		select {
 		case <-ctx.Done():
@@ -77,7 +80,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 			}
 		}
 		last = time.Now()
-		if err := w.superviseOnce(ctx, rt, problems, waits); err != nil && ctx.Err() != nil {
+		if err := w.superviseOnce(ctx, rt, problems, waits, others); err != nil && ctx.Err() != nil {
 			return
 		}
 	}
@@ -107,17 +110,80 @@ func (s *stallLog) check(qs QueueStats) {
 	}
 }
 
-func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog, waits *waitLog) error {
+// A queue shaper pauses says so in asynq's own paused key: asynq's
+// PauseQueue writes the Unix time there, shaper writes pausedByShaper and
+// the Unix time (asynq and asynqmon only ask whether the key exists). So
+// a worker can tell its own pauses from an operator's (asynqmon's Pause)
+// with nothing else to keep in step, and heals any queue shaper paused
+// once the gate no longer asks for the pause, whether or not the vendor's
+// mark (queuePausedKey) is still there: a mark expires (a longer wait
+// came, or every worker was down for longer than its TTL), a paused key
+// never does. A queue an operator paused is theirs: shaper leaves it
+// paused, and says so once.
+const pausedByShaper = "shaper "
+
+// unpauseScript deletes asynq's paused key of a queue if shaper paused
+// it (an operator may have resumed and paused it again meanwhile).
+//
+// KEYS[1] asynq's paused key. ARGV[1] pausedByShaper. Returns 1 when it
+// deleted the key.
+var unpauseScript = redis.NewScript(`
+local k_paused = KEYS[1]
+local by_shaper = ARGV[1]
+local v = redis.call('GET', k_paused)
+if v and string.sub(v, 1, #by_shaper) == by_shaper then
+	return redis.call('DEL', k_paused)
+end
+return 0`)
+
+// queuePauses reads asynq's paused keys of the vendor's queues (both
+// lanes): those shaper paused, and those paused otherwise (an operator).
+func (w *Worker) queuePauses(ctx context.Context, rt *vendorRuntime) (byShaper, byOther []string, err error) {
+	qs := []string{rt.queue, rt.high}
+	cmds := make([]*redis.StringCmd, len(qs))
+	pipe := w.rdb.Pipeline()
+	for i, q := range qs {
+		cmds[i] = pipe.Get(ctx, asynqKey(q, "paused"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, nil, err
+	}
+	for i, c := range cmds {
+		v, err := c.Result()
+		switch {
+		case err == redis.Nil:
+		case err != nil:
+			return nil, nil, err
+		case strings.HasPrefix(v, pausedByShaper):
+			byShaper = append(byShaper, qs[i])
+		default:
+			byOther = append(byOther, qs[i])
+		}
+	}
+	return byShaper, byOther, nil
+}
+
+func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog, waits *waitLog, others *otherPauseLog) error {
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
 	lanes, err := w.rdb.Get(ctx, key).Result()
 	if err == redis.Nil {
-		rt.pausedHere.Store(false)
-		return nil
+		lanes, err = "", nil
 	}
 	problems.check("reading whether the vendor's queue is paused", err)
 	if err != nil {
 		return err
 	}
+	held, other, err := w.queuePauses(ctx, rt)
+	problems.check("reading whether the vendor's queue is paused", err)
+	if err != nil {
+		return err
+	}
+	if lanes == "" && len(held) == 0 {
+		rt.pausedHere.Store(false)
+		others.check(other)
+		return nil
+	}
+	others.check(nil)
 	rt.pausedHere.Store(true) // paused (here or by a replica that may be gone): watch it closely
 	st, err := rt.bucket().Stats(ctx)
 	problems.check("reading the vendor's gate", err)
@@ -126,27 +192,36 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	}
 	waits.paused(time.Now(), st)
 	if st.NextTick > w.cfg.MaxWait {
-		return nil
+		return nil // the gate still asks for the pause, mark or no mark
 	}
-	// The asynq queues first, then the mark: a queue paused without its
-	// mark would never be unpaused (a failover that refused the second
-	// write left 1,713 calls pending for good). A pause (pauseQueue)
-	// marks first, with SETNX, so a replica pausing anew while this one
-	// unpauses either fails to mark (and pauses nothing) or marks after
-	// the mark is gone. Deleting asynq's paused key is UnpauseQueue
-	// without its error for a queue already unpaused (replicas may do
-	// this side by side).
-	for _, q := range pausedQueues(rt, lanes) {
-		if err = w.rdb.Del(ctx, asynqKey(q, "paused")).Err(); err != nil { // one key a call: each queue has a hash tag of its own
-			break
+	// The asynq queues first, then the mark. A pause (pauseQueue) marks
+	// first, so a replica pausing anew while this one unpauses either
+	// finds the mark (and pauses nothing more) or marks after it is
+	// gone; either way no queue stays paused with no one to unpause it,
+	// since a queue shaper paused is unpaused here whatever its mark. The
+	// mark's lanes are unpaused whoever paused them (a replica of an
+	// earlier shaper paused with asynq's PauseQueue); without a mark,
+	// only the queues shaper paused. One key a call: each queue has a
+	// hash tag of its own.
+	if lanes != "" {
+		for _, q := range pausedQueues(rt, lanes) {
+			if err = w.rdb.Del(ctx, asynqKey(q, "paused")).Err(); err != nil {
+				break
+			}
 		}
 	}
-	if err == nil {
+	for _, q := range held {
+		if err != nil {
+			break
+		}
+		err = unpauseScript.Run(ctx, w.rdb, []string{asynqKey(q, "paused")}, pausedByShaper).Err()
+	}
+	if err == nil && lanes != "" {
 		err = w.rdb.Del(ctx, key).Err()
 	}
 	problems.check("unpausing the vendor's queue", err)
 	if err != nil {
-		return err // the mark stays: the next round tries again
+		return err // the pause stays: the next round tries again
 	}
 	// Debug: while a backlog lasts this comes every few ticks; waits
 	// says when the backlog begins and ends.
@@ -154,11 +229,57 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	return nil
 }
 
+// otherPauseLog says once when a vendor's queue is paused by someone
+// other than shaper (an operator, in asynqmon), whose calls then wait
+// until they resume it, and once when it is not any more.
+type otherPauseLog struct {
+	log    *slog.Logger
+	paused []string
+}
+
+func (l *otherPauseLog) check(queues []string) {
+	switch {
+	case len(queues) > 0 && len(l.paused) == 0:
+		l.log.Warn("the vendor's queue is paused, not by shaper (asynqmon's Pause?): its calls wait until it is resumed (asynqmon's Run, or Inspector.UnpauseQueue)", "queues", queues)
+	case len(queues) == 0 && len(l.paused) > 0:
+		l.log.Info("the vendor's queue is no longer paused by an operator", "queues", l.paused)
+	}
+	l.paused = queues
+}
+
+// pauseMarkScript marks the vendor's queue as paused by shaper for lanes,
+// for at least ttl: a new mark, or one that covers more lanes ("both"
+// over "normal"), or lasts longer, than the mark that stood (SETNX would
+// keep a shorter expiry than the wait that came after it).
+//
+// KEYS[1] the vendor's queuePausedKey. ARGV[1] lanes ("normal" or
+// "both"), ARGV[2] ttl in ms. Returns the lanes the caller must pause
+// now: ARGV[1] when the mark is new or wider, else "".
+var pauseMarkScript = redis.NewScript(`
+local k_mark = KEYS[1]
+local lanes = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local cur = redis.call('GET', k_mark)
+if not cur then
+	redis.call('SET', k_mark, lanes, 'PX', ttl)
+	return lanes
+end
+local wider = cur ~= lanes and lanes == 'both'
+if wider then
+	redis.call('SET', k_mark, lanes, 'KEEPTTL')
+end
+if redis.call('PTTL', k_mark) < ttl then
+	redis.call('PEXPIRE', k_mark, ttl)
+end
+if wider then return lanes end
+return ''`)
+
 // pauseQueue pauses the vendor's asynq queue through a long wait, so that
 // no replica dequeues tasks only to send them back; a supervisor unpauses
 // it when the wait is nearly over, and logs why the wait is long (a pause
 // the vendor asked for, or a backlog) once per state, not at each pause.
-// A queue another replica paused is watched here too.
+// A queue another replica paused is watched here too; a longer wait keeps
+// the mark for longer.
 //
 // A wait of the high lane (a pause, a spent quota: every lane waits)
 // pauses both lanes' queues; a wait of the normal lane (a backlog the high
@@ -169,16 +290,19 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 	if lane == shaper.High {
 		lanes = "both"
 	}
-	ok, err := w.rdb.SetNX(ctx, key, lanes, wait+time.Minute).Result()
+	pause, err := pauseMarkScript.Run(ctx, w.rdb, []string{key}, lanes, (wait + time.Minute).Milliseconds()).Text()
 	if err != nil {
 		return // Redis is failing (the task is deferred either way)
 	}
-	if !ok {
+	if pause == "" {
 		rt.pausedHere.Store(true) // paused by a replica: the supervisor watches it (and logs the wait)
 		return
 	}
-	for _, q := range pausedQueues(rt, lanes) {
-		if err := w.insp.PauseQueue(q); err != nil {
+	by := pausedByShaper + strconv.FormatInt(time.Now().Unix(), 10)
+	for _, q := range pausedQueues(rt, pause) {
+		// asynq's PauseQueue, saying who paused it; a queue paused
+		// already (by an operator, or a replica) stays as it is.
+		if err := w.rdb.SetNX(ctx, asynqKey(q, "paused"), by, 0).Err(); err != nil {
 			w.log.Warn("could not pause the vendor's queue", "vendor", rt.vendor.Name, "queue", q, "err", err)
 			return
 		}
