@@ -37,6 +37,10 @@ const (
 	// the last of them: past it, the rest of the chunk is not queued (its
 	// claims could be about to lapse).
 	claimSafe = claimKeep / 2
+	// claimStale is the age past which a claim whose call is in no lane
+	// is stale: its holder stopped queueing (claimSafe) and any write it
+	// had sent has landed.
+	claimStale = claimSafe + 10*time.Second
 	// claimWait is how long an enqueue waits for another request that
 	// holds the claim of one of its ids to queue that call; claimPoll is
 	// how often it looks.
@@ -50,10 +54,11 @@ const (
 	roomKeep = time.Minute
 )
 
-// idClaimScript claims ids of a vendor's calls: each id not claimed in the
-// last keep is claimed now for its lane; a claimed one is left as it is.
-// A claim is a member of a sorted set scored by its Redis time (ms) * 2 +
-// its lane (0 normal, 1 high); claims older than keep are dropped first.
+// idClaimScript claims ids of a vendor's calls: each id not claimed in
+// the last keep is claimed now for its lane; a claimed one is left as it
+// is. A claim is a member of a sorted set scored by claimScore: its Redis
+// time (ms), whether its call is known to be queued, and its lane.
+// Claims older than keep are dropped first.
 //
 // KEYS[1] the vendor's claims (sorted set).
 // ARGV[1] keep (ms), then pairs ARGV[2k] lane (0|1), ARGV[2k+1] id.
@@ -64,7 +69,7 @@ local k_claims = KEYS[1]
 local keep = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. string.format('%d', (now - keep) * 2))
+redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. string.format('%d', (now - keep) * 4))
 local ids, lanes = {}, {}
 for i = 2, #ARGV, 2 do
   lanes[#lanes + 1] = tonumber(ARGV[i])
@@ -77,7 +82,7 @@ for i, id in ipairs(ids) do
     out[i + 1] = tonumber(held[i])
   else
     out[i + 1] = -1
-    add[#add + 1] = string.format('%d', now * 2 + lanes[i])
+    add[#add + 1] = string.format('%d', now * 4 + lanes[i])
     add[#add + 1] = id
   end
 end
@@ -87,6 +92,35 @@ if #add > 0 then
 end
 return out
 `)
+
+// dropStaleScript drops claims that are as they were seen: claims whose
+// call was queued and is gone (cancelled outside shaper, or its retention
+// ended), or whose holder gave up.
+//
+// KEYS[1] the vendor's claims. ARGV pairs: ARGV[2k-1] the score seen,
+// ARGV[2k] id.
+// Returns the number dropped.
+var dropStaleScript = redis.NewScript(`
+local k_claims = KEYS[1]
+local n = 0
+for i = 1, #ARGV, 2 do
+  local seen, id = ARGV[i], ARGV[i + 1]
+  if tonumber(redis.call('ZSCORE', k_claims, id)) == tonumber(seen) then
+    n = n + redis.call('ZREM', k_claims, id)
+  end
+end
+return n
+`)
+
+// claimScore is a claim's score: at (Redis ms) * 4 + 2 when its call is
+// known to be queued + its lane's bit.
+func claimScore(at int64, queued bool, l shaper.Lane) int64 {
+	s := at*4 + laneBit(l)
+	if queued {
+		s += 2
+	}
+	return s
+}
 
 // laneBit is a lane's bit in a claim's score.
 func laneBit(l shaper.Lane) int64 {
@@ -98,9 +132,11 @@ func laneBit(l shaper.Lane) int64 {
 
 // idClaim is what idClaimScript said of one id.
 type idClaim struct {
-	mine bool        // claimed now, by this enqueue
-	lane shaper.Lane // the lane its holder queues it in
-	at   int64       // when it was claimed (Redis time, ms)
+	mine   bool        // claimed now, by this enqueue
+	lane   shaper.Lane // the lane its holder queues it in
+	at     int64       // when it was claimed (Redis time, ms)
+	queued bool        // its holder queued the call (or found it queued)
+	score  int64
 }
 
 // claimIDs claims ids (unique) of vendor's calls, each for its lane. It
@@ -121,29 +157,44 @@ func (c *Client) claimIDs(ctx context.Context, vendor string, ids []string, lane
 	out := make([]idClaim, len(ids))
 	for i, s := range res[1:] {
 		if s < 0 {
-			out[i] = idClaim{mine: true, lane: lanes[i], at: res[0]}
+			out[i] = idClaim{mine: true, lane: lanes[i], at: res[0], score: claimScore(res[0], false, lanes[i])}
 			continue
 		}
 		l := shaper.Normal
 		if s%2 == 1 {
 			l = shaper.High
 		}
-		out[i] = idClaim{lane: l, at: s / 2}
+		out[i] = idClaim{lane: l, at: s / 4, queued: s%4 >= 2, score: s}
 	}
 	return res[0], out, nil
 }
 
-// setClaims points claims made at now (ms) to the lane where their call
-// already is.
-func (c *Client) setClaims(ctx context.Context, vendor string, now int64, ids []string, lanes []shaper.Lane) error {
+// markQueued records, in the claims made at now (ms), that their calls
+// are queued, in the lanes given. Best effort: an unmarked claim whose
+// call is queued is told by the call itself.
+func (c *Client) markQueued(ctx context.Context, vendor string, now int64, ids []string, lanes []shaper.Lane) {
 	if len(ids) == 0 {
-		return nil
+		return
 	}
 	members := make([]redis.Z, len(ids))
 	for i, id := range ids {
-		members[i] = redis.Z{Score: float64(now*2 + laneBit(lanes[i])), Member: id}
+		members[i] = redis.Z{Score: float64(claimScore(now, true, lanes[i])), Member: id}
 	}
-	return c.rdb.ZAddXX(ctx, claimsKey(c.cfg.KeyPrefix, vendor), members...).Err()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = c.rdb.ZAddXX(ctx, claimsKey(c.cfg.KeyPrefix, vendor), members...).Err()
+}
+
+// dropStale drops the claims of ids as they were seen (scores).
+func (c *Client) dropStale(ctx context.Context, vendor string, ids []string, scores []int64) error {
+	args := make([]any, 0, 2*len(ids))
+	for i, id := range ids {
+		args = append(args, strconv.FormatInt(scores[i], 10), id)
+	}
+	if err := dropStaleScript.Run(ctx, c.rdb, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Err(); err != nil {
+		return fmt.Errorf("queue: drop stale claims on %s: %w", vendor, err)
+	}
+	return nil
 }
 
 // releaseClaims drops the claims of ids this enqueue made and did not

@@ -264,7 +264,9 @@ func (c *Client) Enqueue(ctx context.Context, call Call) (string, error) {
 	res, err := c.enqueueGroups(ctx, []Call{call}, []vendorGroup{{call.Vendor, []int{0}}})
 	one := res.Calls[0]
 	switch {
-	case err != nil && one.State != StateQueued:
+	case one.State == StateNotQueued && one.Err != nil:
+		return "", one.Err
+	case one.State == StateNotQueued:
 		return "", err
 	case one.State == StateAlreadyQueued:
 		return one.ID, fmt.Errorf("%w (%s, %s lane)", ErrDuplicate, call.Vendor, one.Lane)
@@ -647,7 +649,11 @@ func (c *Client) EnqueueCalls(ctx context.Context, calls []Call) (BatchResult, e
 			if errors.Is(err, ErrUnknownVendor) {
 				return BatchResult{}, err
 			}
-			errs = append(errs, err)
+			if j, ok := err.(interface{ Unwrap() []error }); ok {
+				errs = append(errs, j.Unwrap()...) // one join of every bad call
+			} else {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		for k, i := range g.idx {
@@ -700,7 +706,18 @@ func (c *Client) enqueueGroups(ctx context.Context, calls []Call, groups []vendo
 			}
 		}
 	}
-	return res, c.replicated(ctx, res.Enqueued)
+	busy := 0
+	for _, call := range res.Calls {
+		if call.State == StateNotQueued {
+			busy++
+		}
+	}
+	err := c.replicated(ctx, res.Enqueued)
+	if busy > 0 {
+		err = errors.Join(fmt.Errorf("%w: %d call(s) not queued, whose ids another request was queueing; the others are (%d queued, %d already)",
+			ErrInProgress, busy, res.Enqueued, res.AlreadyQueued), err)
+	}
+	return res, err
 }
 
 // failed marks every call not queued yet with err, and returns err.
@@ -733,7 +750,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 		firstOf[id] = i
 		claiming = append(claiming, i)
 	}
-	mine, err := c.claimCalls(ctx, vendor, calls, claiming, res)
+	mine, claimedAt, err := c.claimCalls(ctx, vendor, calls, claiming, res)
 	if err != nil {
 		var held []string
 		for i := range mine {
@@ -766,6 +783,9 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 		c.releaseClaims(ctx, vendor, unqueued(0))
 		return err
 	}
+	var done []string // ids queued now: their claims say so at the end
+	var doneIn []shaper.Lane
+	defer func() { c.markQueued(ctx, vendor, claimedAt, done, doneIn) }()
 	for k, i := range todo {
 		if time.Since(start) > claimSafe {
 			c.releaseClaims(ctx, vendor, unqueued(k))
@@ -784,6 +804,9 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 			res.Enqueued++
 			res.IDs = append(res.IDs, id)
 		}
+		if mine[i] {
+			done, doneIn = append(done, calls[i].ID), append(doneIn, calls[i].lane())
+		}
 	}
 	for _, i := range again {
 		first := res.Calls[firstOf[calls[i].ID]]
@@ -799,14 +822,17 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 
 // claimCalls claims the ids of the calls at idx (each id once) and
 // returns those whose claim this enqueue holds and whose id is in neither
-// of the vendor's lanes: the calls to queue. A call whose id is queued,
-// in either lane, is recorded in res as already queued. A call whose id
-// another request holds is waited for, up to claimWait: once that call
-// is in its lane it is already queued; if the claim goes away (that
-// request failed) it is claimed again; past claimWait it is not queued
-// (ErrInProgress).
-func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, error) {
+// of the vendor's lanes: the calls to queue, with the Redis time of
+// their claims. A call whose id is queued, in either lane, is recorded in
+// res as already queued. A call whose id another request holds is waited
+// for, up to claimWait: once that call is in its lane it is already
+// queued; if the claim goes away (that request failed) it is claimed
+// again; past claimWait it is not queued (ErrInProgress). A claim whose
+// call was queued and is gone (deleted outside shaper), or whose holder
+// gave up (claimStale), is dropped and the id claimed again.
+func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, int64, error) {
 	mine := map[int]bool{}
+	var claimedAt int64
 	deadline := time.Now().Add(claimWait)
 	for len(idx) > 0 {
 		ids := make([]string, len(idx))
@@ -816,7 +842,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		}
 		now, claims, err := c.claimIDs(ctx, vendor, ids, lanes)
 		if err != nil {
-			return mine, err
+			return mine, claimedAt, err
 		}
 		// Where to look: an id claimed now in both lanes (a call queued
 		// before its claim lapsed, or before claims), another's claim in
@@ -824,6 +850,9 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		var look [2][]string // task keys by lane bit
 		var whose [2][]int   // k of each key
 		for k, cl := range claims {
+			if cl.mine {
+				mine[idx[k]], claimedAt = true, now
+			}
 			for _, l := range []shaper.Lane{shaper.Normal, shaper.High} {
 				if cl.mine || cl.lane == l {
 					look[laneBit(l)] = append(look[laneBit(l)], asynqTaskKey(laneQueue(vendor, l), ids[k]))
@@ -833,14 +862,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		}
 		found, err := c.queuedIn(ctx, look[:])
 		if err != nil {
-			var held []string
-			for k, cl := range claims {
-				if cl.mine {
-					held = append(held, ids[k])
-				}
-			}
-			c.releaseClaims(ctx, vendor, held)
-			return mine, err
+			return mine, claimedAt, err
 		}
 		queuedAt := make([]int, len(idx)) // 0: in no lane, else lane bit + 1
 		for b := range found {
@@ -850,8 +872,10 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 				}
 			}
 		}
-		var moved []string
-		var movedTo []shaper.Lane
+		var there []string // claimed now, and queued already
+		var thereIn []shaper.Lane
+		var stale []string
+		var staleScores []int64
 		var waiting []int
 		var waitingFor []idClaim
 		for k, i := range idx {
@@ -864,37 +888,45 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 				}
 				res.Calls[i].State, res.Calls[i].Lane = StateAlreadyQueued, l.String()
 				res.AlreadyQueued++
-				if cl.mine && l != cl.lane {
-					moved, movedTo = append(moved, ids[k]), append(movedTo, l)
+				if cl.mine {
+					delete(mine, i)
+					there, thereIn = append(there, ids[k]), append(thereIn, l)
 				}
 			case cl.mine:
-				mine[i] = true
+			case cl.queued || now-cl.at > claimStale.Milliseconds():
+				stale, staleScores = append(stale, ids[k]), append(staleScores, cl.score)
+				waiting, waitingFor = append(waiting, i), append(waitingFor, cl)
 			default:
 				waiting, waitingFor = append(waiting, i), append(waitingFor, cl)
 			}
 		}
-		if err := c.setClaims(ctx, vendor, now, moved, movedTo); err != nil {
-			return mine, fmt.Errorf("queue: claim ids on %s: %w", vendor, err)
+		c.markQueued(ctx, vendor, now, there, thereIn)
+		if len(stale) > 0 {
+			if err := c.dropStale(ctx, vendor, stale, staleScores); err != nil {
+				return mine, claimedAt, err
+			}
 		}
 		idx = waiting
-		if len(idx) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
+		switch {
+		case len(idx) == 0:
+		case len(stale) == len(idx):
+			continue // claim them again at once
+		case time.Now().After(deadline):
 			for k, i := range idx {
 				cl := waitingFor[k]
 				res.Calls[i].Err = fmt.Errorf("%w: call %s of %s was claimed %s ago for the %s lane and is not queued yet; post it again in a moment",
 					ErrInProgress, calls[i].ID, vendor, time.Duration(now-cl.at)*time.Millisecond, cl.lane)
 			}
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return mine, ctx.Err()
-		case <-time.After(claimPoll):
+			idx = nil
+		default:
+			select {
+			case <-ctx.Done():
+				return mine, claimedAt, ctx.Err()
+			case <-time.After(claimPoll):
+			}
 		}
 	}
-	return mine, nil
+	return mine, claimedAt, nil
 }
 
 // replicated waits until cfg.WaitReplicas replicas hold every write made

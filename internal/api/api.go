@@ -184,13 +184,30 @@ func writeError(w http.ResponseWriter, status int, msg string, lines []lineError
 	writeJSON(w, status, Refusal{msg, lines})
 }
 
-// Accepted is POST /v1/calls's answer: the id of every call of the body,
-// in its order (an id already queued answers with that call), and how many
-// were queued now.
+// Accepted is POST /v1/calls's answer once every call of the body passed
+// its checks: with 202, every call was taken; with 429, 409 or 503, Error
+// says why not, and Calls says, line by line, which calls were taken
+// anyway (queued now, or their id already queued) and which were not:
+// post those again.
 type Accepted struct {
-	IDs           []string `json:"ids"`
-	Enqueued      int      `json:"enqueued"`
-	AlreadyQueued int      `json:"already_queued"`
+	Error string `json:"error,omitempty"`
+	// IDs are the ids of the calls taken, in the body's order: with 202,
+	// the id of every call (an id already queued answers with that call).
+	IDs           []string    `json:"ids"`
+	Enqueued      int         `json:"enqueued"`
+	AlreadyQueued int         `json:"already_queued"`
+	Calls         []callState `json:"calls"`
+}
+
+// callState is what became of one call of a body, by its line (1 for a
+// single JSON call): queue.StateQueued, StateAlreadyQueued (the call
+// that holds its id is in Lane) or StateNotQueued (Error says why).
+type callState struct {
+	Line  int    `json:"line"`
+	ID    string `json:"id,omitempty"`
+	State string `json:"state"`
+	Lane  string `json:"lane"`
+	Error string `json:"error,omitempty"`
 }
 
 // post queues the calls of the body: one JSON call (application/json), or
@@ -231,16 +248,24 @@ func (s *server) post(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "no call in the body", nil)
 		return
 	}
-	res, status, msg, bad := s.enqueue(r.Context(), calls)
-	if status != http.StatusAccepted {
-		if status == http.StatusTooManyRequests {
-			w.Header().Set("Retry-After", "1")
-		}
+	// Once the calls are being queued, a client that goes away does not
+	// stop it half way: the body is taken whole, or the answer (if the
+	// client is still there to read it) says exactly what was.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), enqueueTimeout)
+	defer cancel()
+	res, status, msg, bad := s.enqueue(ctx, calls)
+	switch {
+	case status == http.StatusBadRequest:
 		writeError(w, status, msg, bad)
 		return
+	case status == http.StatusTooManyRequests, status == http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, http.StatusAccepted, res)
+	writeJSON(w, status, res)
 }
+
+// enqueueTimeout bounds the queueing of one body.
+const enqueueTimeout = time.Minute
 
 // mediaType is the media type of r's body, application/json or
 // application/x-ndjson, or else (false) the refusal that says what to
@@ -273,25 +298,24 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return buf.Bytes(), err
 }
 
-// enqueue queues the calls, nothing unless every check passes: a body
-// for one vendor is one EnqueueBatch, which checks every call and the
-// vendor's room before it queues any; a body for several is checked
-// whole (every call, then every vendor's room) before any is queued.
+// enqueue queues the calls (queue.Client.EnqueueCalls): nothing unless
+// every call passes its checks (400, naming the bad lines), nothing when
+// a vendor's queue has no room for all of its calls (429); past that,
+// the answer says line by line what was taken (202 when all, else 409
+// for ids another request is queueing, 503 for Redis).
 func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int, string, []lineError) {
 	c := s.o.Client
-	var order []string
-	byVendor := map[string][]queue.Call{}
-	if one := calls[0].Vendor; !slices.ContainsFunc(calls, func(c queue.Call) bool { return c.Vendor != one }) {
-		order, byVendor[one] = []string{one}, calls // one vendor: the calls as they are
-	} else {
+	one := calls[0].Vendor
+	if slices.ContainsFunc(calls, func(c queue.Call) bool { return c.Vendor != one }) {
+		// Several vendors: name the bad calls of each.
+		var order []string
+		byVendor := map[string][]queue.Call{}
 		for _, call := range calls {
 			if _, seen := byVendor[call.Vendor]; !seen {
 				order = append(order, call.Vendor)
 			}
 			byVendor[call.Vendor] = append(byVendor[call.Vendor], call)
 		}
-	}
-	if len(order) > 1 {
 		var bad []lineError
 		for _, v := range order {
 			if err := c.CheckCalls(v, byVendor[v]); err != nil {
@@ -302,40 +326,45 @@ func (s *server) enqueue(ctx context.Context, calls []queue.Call) (Accepted, int
 		if len(bad) > 0 {
 			return Accepted{}, http.StatusBadRequest, badCalls, bad
 		}
-		for _, v := range order {
-			if err := c.Room(ctx, v, len(byVendor[v])); err != nil {
-				status, msg, _ := refusal(v, nil, err)
-				return Accepted{}, status, msg, nil
-			}
-		}
 	}
-	var out Accepted
-	ids := map[string][]string{} // per vendor, the ids EnqueueBatch made, in order
-	for _, v := range order {
-		res, err := c.EnqueueBatch(ctx, v, byVendor[v])
-		if err != nil {
-			status, msg, bad := refusal(v, byVendor[v], err)
+	res, err := c.EnqueueCalls(ctx, calls)
+	if err != nil && res.Calls == nil { // refused at its checks
+		status, msg, bad := refusal(one, calls, err)
+		if status == http.StatusBadRequest {
 			return Accepted{}, status, msg, bad
 		}
-		out.Enqueued += res.Enqueued
-		out.AlreadyQueued += res.AlreadyQueued
-		ids[v] = res.IDs
+		res.Calls = make([]queue.BatchCall, len(calls))
+		for i := range res.Calls {
+			res.Calls[i] = queue.BatchCall{State: queue.StateNotQueued, Err: err}
+		}
 	}
-	out.IDs = make([]string, 0, len(calls))
-	for _, call := range calls {
-		if call.ID != "" {
-			out.IDs = append(out.IDs, call.ID)
-			if made := ids[call.Vendor]; len(made) > 0 && made[0] == call.ID {
-				ids[call.Vendor] = made[1:]
+	out := Accepted{IDs: make([]string, 0, len(calls)), Enqueued: res.Enqueued, AlreadyQueued: res.AlreadyQueued, Calls: make([]callState, len(calls))}
+	for i, bc := range res.Calls {
+		cs := callState{Line: queue.LineOf(calls[i]), ID: bc.ID, State: bc.State, Lane: bc.Lane}
+		if cs.Line == 0 {
+			cs.Line = i + 1
+		}
+		if bc.State == queue.StateNotQueued {
+			if bc.Err != nil {
+				cs.Error = bc.Err.Error()
 			}
-			continue
+		} else {
+			out.IDs = append(out.IDs, bc.ID)
 		}
-		if made := ids[call.Vendor]; len(made) > 0 {
-			out.IDs = append(out.IDs, made[0])
-			ids[call.Vendor] = made[1:]
-		}
+		out.Calls[i] = cs
 	}
-	return out, http.StatusAccepted, "", nil
+	status := http.StatusAccepted
+	switch {
+	case err == nil:
+	case errors.Is(err, queue.ErrQueueFull):
+		status, out.Error = http.StatusTooManyRequests, err.Error()+": nothing was queued; try again when it has drained"
+	case errors.Is(err, queue.ErrInProgress):
+		status, out.Error = http.StatusConflict, err.Error()+"; post the calls not queued again in a moment"
+	default:
+		status, out.Error = http.StatusServiceUnavailable, fmt.Sprintf("%s; %d of the %d calls were taken (%d queued now, %d already queued): see calls, and post the others again",
+			err, len(out.IDs), len(calls), out.Enqueued, out.AlreadyQueued)
+	}
+	return out, status, "", nil
 }
 
 // badCalls is the refusal of a body with bad calls.
@@ -386,9 +415,10 @@ func unjoin(err error) []error {
 
 // get answers what a call waits for, or how it ended (queue.Explanation).
 // With ?wait=D (at most MaxWait), it holds the request until the call
-// ends or D has passed.
+// ends or D has passed. ?vendor= names the vendor of an id that more
+// than one vendor's calls carry (409 without it).
 func (s *server) get(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, vendor := r.PathValue("id"), r.URL.Query().Get("vendor")
 	var wait time.Duration
 	if q := r.URL.Query().Get("wait"); q != "" {
 		d, err := time.ParseDuration(q)
@@ -415,7 +445,7 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	deadline := time.Now().Add(wait)
-	e, err := s.explain(r.Context(), id)
+	e, err := s.explain(r.Context(), vendor, id)
 	// While it waits, the request reads only the call's state (one
 	// read, where an Explain of a pending call takes about 20 commands),
 	// and explains it again at the end.
@@ -427,15 +457,19 @@ func (s *server) get(w http.ResponseWriter, r *http.Request) {
 		}
 		var state string
 		if state, err = s.o.Client.State(r.Context(), e); err == nil && (state == "completed" || state == "archived") {
-			e, err = s.explain(r.Context(), id)
+			e, err = s.explain(r.Context(), vendor, id)
 		}
 	}
 	if err == nil && !ended(e) && wait > 0 {
-		e, err = s.explain(r.Context(), id)
+		e, err = s.explain(r.Context(), vendor, id)
 	}
 	switch {
 	case errors.Is(err, queue.ErrNoTask):
 		writeError(w, http.StatusNotFound, err.Error(), nil)
+	case errors.Is(err, queue.ErrAmbiguous):
+		writeError(w, http.StatusConflict, err.Error(), nil)
+	case errors.Is(err, queue.ErrUnknownVendor):
+		writeError(w, http.StatusBadRequest, err.Error(), nil)
 	case err != nil:
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
@@ -463,16 +497,19 @@ type Cancelled struct {
 	Cancelled bool `json:"cancelled"`
 }
 
-// delete cancels a call that has not started (queue.Client.Cancel): 409
-// for one that has started or finished.
+// delete cancels a call that has not started (queue.Client.CancelVendor):
+// 409 for one that has started or finished, or for an id that more than
+// one vendor's calls carry unless ?vendor= names one.
 func (s *server) delete(w http.ResponseWriter, r *http.Request) {
-	c, err := s.o.Client.Cancel(r.Context(), r.PathValue("id"))
+	c, err := s.o.Client.CancelVendor(r.Context(), r.URL.Query().Get("vendor"), r.PathValue("id"))
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, Cancelled{c, true})
 	case errors.Is(err, queue.ErrNoTask):
 		writeError(w, http.StatusNotFound, err.Error(), nil)
-	case errors.Is(err, queue.ErrStarted), errors.Is(err, queue.ErrFinished):
+	case errors.Is(err, queue.ErrUnknownVendor):
+		writeError(w, http.StatusBadRequest, err.Error(), nil)
+	case errors.Is(err, queue.ErrStarted), errors.Is(err, queue.ErrFinished), errors.Is(err, queue.ErrAmbiguous):
 		writeError(w, http.StatusConflict, err.Error(), nil)
 	default:
 		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
@@ -483,15 +520,16 @@ func (s *server) delete(w http.ResponseWriter, r *http.Request) {
 // while Explain read it.
 const explainTries = 3
 
-// explain is Client.Explain, read again after an error other than
-// ErrNoTask: a call a worker takes while Explain reads it as pending
+// explain is Client.ExplainVendor, read again after an error other than
+// ErrNoTask (or an ambiguous id, or an unknown vendor): a call a worker takes while Explain reads it as pending
 // fails the read ("no longer pending"), and the next read sees it
 // running.
-func (s *server) explain(ctx context.Context, id string) (queue.Explanation, error) {
+func (s *server) explain(ctx context.Context, vendor, id string) (queue.Explanation, error) {
 	var err error
 	for range explainTries {
 		var e queue.Explanation
-		if e, err = s.o.Client.Explain(ctx, id); err == nil || errors.Is(err, queue.ErrNoTask) || ctx.Err() != nil {
+		if e, err = s.o.Client.ExplainVendor(ctx, vendor, id); err == nil || errors.Is(err, queue.ErrNoTask) || errors.Is(err, queue.ErrAmbiguous) ||
+			errors.Is(err, queue.ErrUnknownVendor) || ctx.Err() != nil {
 			return e, err
 		}
 	}
