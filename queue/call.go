@@ -61,7 +61,9 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		req.Tag = w.tagOf(ctx)
 		req.Backlogged = w.backlogged(ctx, rt, account, req.Lane)
 		for {
-			err = h(vendorclients.WithRequest(ctx, req), t, client)
+			// An http.Client's *url.Error names the URL whole: its query
+			// stays out of the stored error.
+			err = safeError(h(vendorclients.WithRequest(ctx, req), t, client))
 			d := w.asDeferral(ctx, rt, account, req.Lane, err)
 			if d == nil {
 				return spendRetry(ctx, t, err)

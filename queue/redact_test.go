@@ -17,6 +17,7 @@ import (
 
 	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/vendorclients"
 )
 
 // leak returns the longest prefix of secret, of minSecret bytes or more,
@@ -200,5 +201,48 @@ func TestSecretsStayOutOfStoredErrors(t *testing.T) {
 		if l := leak(log.String(), s); l != "" {
 			t.Errorf("the worker's log holds %q of a secret:\n%s", l, log.String())
 		}
+	}
+}
+
+// TestUserHandlersErrorsNameNoQuery: a user's handler that calls the
+// vendor through HTTPClient (a vendor SDK) returns the http.Client's
+// *url.Error, which names the whole URL; the task's stored error names
+// it without its query.
+func TestUserHandlersErrorsNameNoQuery(t *testing.T) {
+	const token = "tok3n-in-the-query-77aa"
+	e := newEnv(t)
+	v := e.vendor("sdk", policy(50), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	e.startWorker(func(w *Worker) {
+		if err := w.Handle("test:sdk", func(ctx context.Context, _ *asynq.Task, vendor *vendorclients.Client) error {
+			u, err := vendor.URL("/report?token=" + token)
+			if err != nil {
+				return err
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+			resp, err := vendor.HTTPClient().Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	info, err := e.newClient().EnqueueTask(context.Background(), Target{Vendor: v}, asynq.NewTask("test:sdk", nil), asynq.MaxRetry(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	waitFor(t, 30*time.Second, "the task to fail", func() bool {
+		info, err = insp.GetTaskInfo(QueueName(v), info.ID)
+		return err == nil && info.LastErr != ""
+	})
+	if l := leak(info.LastErr, token); l != "" || !strings.Contains(info.LastErr, "/report?…") {
+		t.Errorf("stored error %q: want the URL without its query", info.LastErr)
 	}
 }
