@@ -122,8 +122,7 @@ func (c CallbackConfig) secretFor(u *url.URL) (secret string, ok bool) {
 // CallbackConfig.Allow.
 var ErrCallbackNotAllowed = errors.New("queue: callback URL not allowed")
 
-// checkCallbackURL checks that raw is an absolute http(s) URL whose path
-// is plain (plainPath).
+// checkCallbackURL checks that raw is an absolute http(s) URL.
 func checkCallbackURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	switch {
@@ -135,9 +134,6 @@ func checkCallbackURL(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("callback url %q: no user info in a callback URL (its requests are signed instead)", raw)
 	case u.Fragment != "":
 		return nil, fmt.Errorf("callback url %q: no #fragment in a callback URL", raw)
-	}
-	if err := plainPath(u); err != nil {
-		return nil, fmt.Errorf("callback url %q: %w", raw, err)
 	}
 	return u, nil
 }
@@ -171,6 +167,9 @@ func CheckCallbackAllow(allow []string) error {
 		}
 		if u.RawQuery != "" {
 			return fmt.Errorf("%q: an allowed prefix has no ?query", a)
+		}
+		if err := plainPath(u); err != nil {
+			return fmt.Errorf("callback url %q: %w", a, err)
 		}
 	}
 	return nil
@@ -216,10 +215,11 @@ func checkCallback(allow []string, cb *Callback) error {
 	}
 	u, err := checkCallbackURL(cb.URL)
 	if err != nil {
-		if len(allow) > 0 {
-			return fmt.Errorf("%w: %w (allowed prefixes, [callbacks] allow: %s)", ErrBadCall, err, strings.Join(allow, ", "))
-		}
 		return fmt.Errorf("%w: %w", ErrBadCall, err)
+	}
+	if err := plainPath(u); err != nil {
+		return fmt.Errorf("%w: %w: callback url %q: %w; it must stay under a prefix of [callbacks] allow (%s)",
+			ErrBadCall, ErrCallbackNotAllowed, cb.URL, err, strings.Join(allow, ", "))
 	}
 	if len(allow) == 0 {
 		return fmt.Errorf("%w: callback url %s: callbacks are off in this config; list the receivers' URL prefixes in [callbacks] allow (and set its secret)", ErrBadCall, cb.URL)
@@ -394,6 +394,9 @@ func (w *Worker) deliverTo(ctx context.Context, t *asynq.Task, cfg CallbackConfi
 	u, err := checkCallbackURL(ct.URL)
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	if err := plainPath(u); err != nil {
+		return fmt.Errorf("%w: %s: %w: not sent: %w", ErrCallbackNotAllowed, safeURL(ct.URL), err, asynq.SkipRetry)
 	}
 	secret, ok := cfg.secretFor(u)
 	switch {

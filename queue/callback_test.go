@@ -363,16 +363,25 @@ func TestCallbackPathsThatLeaveThePrefix(t *testing.T) {
 		t.Error("an allowed prefix with a dot-segment was accepted")
 	}
 
-	// At delivery: tasks queued past the Client.
+	// At enqueue, through a Client.
 	e := newEnv(t)
 	e.callbacks = CallbackConfig{Allow: allow, Secret: "k"}
+	v := e.vendor("cbdots", policy(100), 0, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, u := range bad {
+		_, err := e.newClient().Enqueue(context.Background(), Call{Vendor: v, Path: "/x", Callback: &Callback{URL: u}})
+		if !errors.Is(err, ErrCallbackNotAllowed) || !strings.Contains(err.Error(), fmt.Sprintf("%q", u)) || !strings.Contains(err.Error(), allow[0]) {
+			t.Errorf("enqueue with a callback to %s: %v, want ErrCallbackNotAllowed naming the URL and the allow-list", u, err)
+		}
+	}
+
+	// At delivery: tasks queued past the Client.
 	aq := asynq.NewClientFromRedisClient(e.rdb())
 	t.Cleanup(func() { _ = aq.Close() })
 	var ids []string
 	for i, u := range bad {
 		payload, _ := json.Marshal(callbackTask{URL: u, Body: json.RawMessage(`{"id":"x"}`)})
 		id := fmt.Sprintf("v:dot-%d", i)
-		if _, err := aq.Enqueue(asynq.NewTask(TypeCallback, payload), asynq.Queue(CallbackQueueName(e.prefix)), asynq.TaskID(id), asynq.MaxRetry(3)); err != nil {
+		if _, err := aq.Enqueue(asynq.NewTask(TypeCallback, payload), asynq.Queue(CallbackQueueName(e.prefix)), asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
