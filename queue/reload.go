@@ -62,7 +62,8 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 		if old := rt.shape.Load(); old != nil && sh != nil {
 			p.reshaped = append(p.reshaped, [2]*accountShape{old, sh})
 		}
-		if v.PerAccount != rt.vendor.PerAccount {
+		cur := rt.applied.Load()
+		if v.PerAccount != cur.PerAccount {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s: per_account changed: calls already queued keep their account (or none) and are refused by the new shape", v.Name))
 		}
 		oldIv, oldBurst := rt.bucket().Policy().Tick()
@@ -71,8 +72,8 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s: tick %d every %s -> %d every %s", v.Name, oldBurst, oldIv, newBurst, newIv))
 			p.respace = append(p.respace, b)
 		}
-		if v.BaseURL != rt.vendor.BaseURL || v.Timeout != rt.vendor.Timeout || v.Concurrency != rt.vendor.Concurrency ||
-			v.UserAgent != rt.vendor.UserAgent || !maps.Equal(v.Headers, rt.vendor.Headers) {
+		if v.BaseURL != cur.BaseURL || v.Timeout != cur.Timeout || v.Concurrency != cur.Concurrency ||
+			v.UserAgent != cur.UserAgent || !maps.Equal(v.Headers, cur.Headers) {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s: base_url, headers, user_agent, timeout and concurrency changes apply when the worker restarts", v.Name))
 		}
 	}
@@ -118,7 +119,11 @@ func (w *Worker) commitLocked(p *plan) ([]*vendorRuntime, error) {
 			rt := w.vendors[v.Name]
 			rt.client.SetBucket(b) // the whole policy: limits, in-flight cap, adaptation
 			rt.shape.Store(p.shapes[v.Name])
-			rt.vendor.Policy, rt.vendor.PerAccount, rt.vendor.Overrides, rt.vendor.Total = v.Policy, v.PerAccount, v.Overrides, v.Total
+			// A new snapshot, never a write to the one the vendor's
+			// goroutines read (the supervisor, a server starting).
+			nv := *rt.applied.Load()
+			nv.Policy, nv.PerAccount, nv.Overrides, nv.Total = v.Policy, v.PerAccount, v.Overrides, v.Total
+			rt.applied.Store(&nv)
 		}
 	}
 	for _, rt := range p.added {

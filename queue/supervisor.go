@@ -33,7 +33,7 @@ func (w *Worker) supervise(ctx context.Context, rt *vendorRuntime) {
 	defer t.Stop()
 	problems := newProblemLog(w.log.With("vendor", rt.vendor.Name), &w.health)
 	waits := &waitLog{log: w.log.With("vendor", rt.vendor.Name, "queue", rt.queue), maxWait: w.cfg.MaxWait,
-		back: time.Second + rt.vendor.forwardEvery()}
+		back: time.Second + rt.applied.Load().forwardEvery()}
 	var last, counted, idleSince, stallChecked time.Time
 	stalls := stallLog{log: w.log.With("vendor", rt.vendor.Name)}
 	others := &otherPauseLog{log: w.log.With("vendor", rt.vendor.Name)}

@@ -64,7 +64,11 @@ type HandlerFunc func(ctx context.Context, t *asynq.Task, vendor *vendorclients.
 
 // vendorRuntime is one vendor in a running worker.
 type vendorRuntime struct {
-	vendor  Vendor
+	vendor Vendor // as it was made: its name and endpoint never change (see applied)
+	// applied is the vendor as last applied (Apply's policy, per-account
+	// shape and total), an immutable snapshot: a reload publishes a new
+	// one while the vendor's goroutines read the last.
+	applied atomic.Pointer[Vendor]
 	secrets []string // header values to redact from results and errors
 	queue   string   // the normal lane's asynq queue
 	high    string   // the high lane's
@@ -269,6 +273,7 @@ func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
 		return nil, err
 	}
 	rt := &vendorRuntime{vendor: v, secrets: v.secrets(), queue: QueueName(v.Name), high: HighQueueName(v.Name), client: client}
+	rt.applied.Store(&v)
 	rt.shape.Store(sh)
 	return rt, nil
 }
@@ -481,12 +486,13 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 	// normal ones this process holds, and so that the normal server
 	// dequeues from one queue (asynq polls each queue of a server in
 	// turn: a second queue would cost every dequeue a round trip).
+	v := rt.applied.Load()
 	config := func(queue string, concurrency int) asynq.Config {
 		return asynq.Config{
 			Concurrency:              concurrency,
 			Queues:                   map[string]int{queue: 1},
 			TaskCheckInterval:        100 * time.Millisecond,
-			DelayedTaskCheckInterval: rt.vendor.forwardEvery(),
+			DelayedTaskCheckInterval: v.forwardEvery(),
 			ShutdownTimeout:          w.cfg.ShutdownTimeout,
 			IsFailure:                isFailure,
 			RetryDelayFunc:           w.retryDelay,
@@ -494,11 +500,11 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 			LogLevel:                 asynq.WarnLevel,
 		}
 	}
-	server := asynq.NewServerFromRedisClient(w.rdb, config(rt.queue, rt.vendor.concurrency()))
+	server := asynq.NewServerFromRedisClient(w.rdb, config(rt.queue, v.concurrency()))
 	if err := server.Start(w.handle(rt)); err != nil {
 		return fmt.Errorf("queue: start the worker of vendor %s: %w", rt.vendor.Name, err)
 	}
-	high := asynq.NewServerFromRedisClient(w.rdb, config(rt.high, highConcurrency(rt.vendor.concurrency())))
+	high := asynq.NewServerFromRedisClient(w.rdb, config(rt.high, highConcurrency(v.concurrency())))
 	if err := high.Start(w.handle(rt)); err != nil {
 		server.Shutdown()
 		return fmt.Errorf("queue: start the high lane's worker of vendor %s: %w", rt.vendor.Name, err)
@@ -511,7 +517,7 @@ func (w *Worker) start(ctx context.Context, rt *vendorRuntime) error {
 		defer close(done)
 		w.supervise(sctx, rt)
 	}()
-	w.log.Debug("serving vendor: its queue has work", "vendor", rt.vendor.Name, "queue", rt.queue, "concurrency", rt.vendor.concurrency())
+	w.log.Debug("serving vendor: its queue has work", "vendor", rt.vendor.Name, "queue", rt.queue, "concurrency", v.concurrency())
 	return nil
 }
 
