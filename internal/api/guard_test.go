@@ -211,3 +211,21 @@ func TestServerTimeouts(t *testing.T) {
 		}
 	}
 }
+
+// TestPollSlowsWithWaiters: up to pollShare waiting GETs each look
+// every Poll; beyond, each looks less often, so that together they
+// read Redis about pollShare times per Poll.
+func TestPollSlowsWithWaiters(t *testing.T) {
+	s := &server{o: Options{Poll: 20 * time.Millisecond}, waiting: make(chan struct{}, DefaultMaxWaiting)}
+	for _, tc := range []struct {
+		waiting int
+		want    time.Duration
+	}{{1, 20 * time.Millisecond}, {50, 20 * time.Millisecond}, {51, 40 * time.Millisecond}, {100, 40 * time.Millisecond}, {1000, 400 * time.Millisecond}} {
+		for len(s.waiting) < tc.waiting {
+			s.waiting <- struct{}{}
+		}
+		if got := s.poll(); got != tc.want {
+			t.Errorf("%d waiting: poll %s, want %s", tc.waiting, got, tc.want)
+		}
+	}
+}
