@@ -415,3 +415,26 @@ func (h countEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h countEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestIDFreeAfterItsCallIsDeleted: a call deleted outside shaper (from
+// asynqmon, say) leaves its claim behind; posting the id again at once,
+// in either lane, queues it without waiting for the claim to lapse.
+func TestIDFreeAfterItsCallIsDeleted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("deleted", policy(10), 0, http.NotFoundHandler())
+	c := e.newClient()
+	ctx := context.Background()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb())
+	for _, prio := range []string{"normal", "high", "high", "normal"} {
+		start := time.Now()
+		id, err := c.Enqueue(ctx, Call{Vendor: v, ID: "gone", Path: "/g", Priority: prio})
+		if err != nil || time.Since(start) > claimWait/2 {
+			t.Fatalf("gone (%s) after its call was deleted: %q, %v, in %s", prio, id, err, time.Since(start).Round(time.Millisecond))
+		}
+		l, _ := ParseLane(prio)
+		if err := insp.DeleteTask(laneQueue(v, l), "gone"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

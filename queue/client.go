@@ -735,7 +735,7 @@ func (r BatchResult) failed(err error) (BatchResult, error) {
 // vendor) and queues them in order, recording each in res.
 func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) error {
 	start := time.Now()
-	firstOf := map[string]int{} // an id's first call in the chunk
+	firstOf := make(map[string]int, len(idx)) // an id's first call in the chunk
 	var claiming []int
 	var again []int // calls whose id came earlier in the chunk
 	for _, i := range idx {
@@ -774,11 +774,14 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 		}
 		return ids
 	}
-	planned := make([]Call, len(todo))
-	for k, i := range todo {
-		planned[k] = calls[i]
+	at := make([]time.Duration, len(todo))
+	if v, _ := c.vendor(vendor); v.PerAccount { // only a per-account vendor plans
+		planned := make([]Call, len(todo))
+		for k, i := range todo {
+			planned[k] = calls[i]
+		}
+		at, err = c.plan(ctx, vendor, planned)
 	}
-	at, err := c.plan(ctx, vendor, planned)
 	if err != nil {
 		c.releaseClaims(ctx, vendor, unqueued(0))
 		return err
@@ -831,7 +834,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 // call was queued and is gone (deleted outside shaper), or whose holder
 // gave up (claimStale), is dropped and the id claimed again.
 func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, int64, error) {
-	mine := map[int]bool{}
+	mine := make(map[int]bool, len(idx))
 	var claimedAt int64
 	deadline := time.Now().Add(claimWait)
 	for len(idx) > 0 {
