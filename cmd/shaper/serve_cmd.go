@@ -51,7 +51,10 @@ followed and the call's spans join its trace.
 
 It binds to 127.0.0.1 by default. On any other address it needs a token
 (--api-token or SHAPER_API_TOKEN), which every request sends as
-"Authorization: Bearer TOKEN".`,
+"Authorization: Bearer TOKEN". It answers only requests whose Host names
+its address (any loopback name on a loopback address: 421 otherwise)
+and, without a token, refuses what another site's page sends (403); a
+body must say its Content-Type (415). See docs/api.md, "Who it answers".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if token == "" {
