@@ -40,6 +40,25 @@ type CallResult struct {
 // runs so that handlers registered at any time serve every vendor,
 // including vendors added by a reload.
 func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
+	run := w.handleRun(rt)
+	return func(ctx context.Context, t *asynq.Task) error {
+		// A run that may have been judged dead while it held the task
+		// checks it is still its own before it starts a call (the fence)
+		// and before asynq records its end (settle): see fence.go.
+		f := w.newFenceRun(ctx)
+		ctx = withFenceRun(ctx, f)
+		for {
+			again, err := w.settle(ctx, f, run(ctx, t))
+			if !again {
+				return err
+			}
+		}
+	}
+}
+
+// handleRun is one run of a task (handle runs it again when it took back
+// a task given away while it was cut off from Redis).
+func (w *Worker) handleRun(rt *vendorRuntime) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) (err error) {
 		// However the task ended, asynq must be able to record it.
 		defer w.health.await(ctx, awaitRedis)
@@ -59,6 +78,8 @@ func (w *Worker) handle(rt *vendorRuntime) asynq.HandlerFunc {
 		}
 		req := taskRequest(t)
 		req.Tag = w.tagOf(ctx)
+		req.Fence = w.fence(fenceRunOf(ctx))
+		req.Order = orderOf(t)
 		req.Backlogged = w.backlogged(ctx, rt, account, req.Lane)
 		for {
 			// An http.Client's *url.Error names the URL whole: its query
@@ -90,6 +111,9 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 			break
 		}
 		err = nil // waited out in place, with no retry left: ask again
+	}
+	if errors.Is(err, errGivenBack) {
+		return err // a void run: the run that holds the call now ends it (see settle)
 	}
 	err = spendRetry(ctx, t, err)
 	w.markEnd(ctx, call.Export, id, err)
@@ -180,7 +204,7 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 		if len(call.Body) > 0 {
 			body = bytes.NewReader(call.Body)
 		}
-		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Tag: w.tagOf(ctx),
+		req, err := client.NewRequest(vendorclients.WithRequest(ctx, shaper.Request{Cost: call.Cost, Lane: call.lane(), Tag: w.tagOf(ctx), Fence: w.fence(fenceRunOf(ctx)), Order: orderOf(t),
 			Backlogged: w.backlogged(ctx, rt, call.Account, call.lane())}), call.Method, call.Path, body)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, asynq.SkipRetry)

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -84,8 +85,36 @@ func traced(ctx context.Context, t *asynq.Task) *asynq.Task {
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		traceW3C.Inject(ctx, propagation.MapCarrier(h))
 	}
-	h[enqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	h[enqueuedHeader] = strconv.FormatInt(enqueueStamp(), 10)
 	return asynq.NewTaskWithHeaders(t.Type(), t.Payload(), h)
+}
+
+// lastStamp is the last enqueue stamp this process gave (Unix µs).
+var lastStamp atomic.Int64
+
+// enqueueStamp is a task's enqueue time in Unix µs, later than every
+// stamp this process gave before: the calls of one batch, queued within
+// a microsecond of each other, keep their order in the bucket's line
+// (shaper.Request.Order).
+func enqueueStamp() int64 {
+	now := time.Now().UnixMicro()
+	for {
+		last := lastStamp.Load()
+		next := max(now, last+1)
+		if lastStamp.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
+
+// orderOf is t's place in its bucket's queue (shaper.Request.Order): its
+// enqueue stamp; 0 for a task that carries none.
+func orderOf(t *asynq.Task) int64 {
+	us, err := strconv.ParseInt(t.Headers()[enqueuedHeader], 10, 64)
+	if err != nil || us <= 0 {
+		return 0
+	}
+	return us
 }
 
 // enqueuedAt is when t was queued, by the enqueuer's clock; zero for a

@@ -76,6 +76,15 @@ type Request struct {
 	// dies another can tell its calls whose tick it did not live to see.
 	// It holds no newline.
 	Tag string
+	// Order, when set (> 0), is the call's place in its bucket's queue:
+	// its enqueue time in µs, later calls larger. While the bucket has a
+	// backlog beyond the horizon, callers with an Order wait in a line in
+	// Redis sorted by it, and only the first few ask for a tick, so that
+	// every replica's callers are granted ticks in the order their calls
+	// were queued (G3), whichever replica holds them and however late
+	// each asks (see line.go). Used with Backlogged; the high lane skips
+	// the line.
+	Order int64
 	// Fence, when set, is asked just before the permit is handed out,
 	// with the tick in Redis time: a job runner whose other replicas may
 	// have judged it dead, and given its call to another, says no, and
@@ -139,8 +148,29 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	clock := b.gate.clock
 	l := b.gate.enter(b.name)
 	defer b.gate.leave(b.name, l)
+	// The line (line.go): for callers that know their place in the queue
+	// and keep it through a backlog.
+	lined := req.Order > 0 && req.Backlogged != nil && req.Lane == Normal
+	member := ""
+	queued := false // in the bucket's line in Redis
+	if lined {
+		member = b.lineMember(req)
+		defer func() {
+			if queued {
+				_ = b.leaveLine(context.WithoutCancel(ctx), member)
+			}
+		}()
+	}
 	for {
 		b = b.gate.currentOf(l, b) // a respace after a policy change
+		admitted := false
+		if lined && b.inLine(l, clock.Now()) {
+			queued = true
+			if err := b.waitInLine(ctx, l, req, member, &backlogged); err != nil {
+				return nil, 0, err
+			}
+			admitted = true
+		}
 		if b.policy.MeasureGuard && b.meter.takeRespace() {
 			// The measured guard jumped (a jittery network seen at
 			// last): the ticks granted at the narrower one go.
@@ -171,6 +201,12 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			return nil, 0, err
 		}
 		if !r.ok {
+			if lined && r.reason == beyondHorizon {
+				b.gate.lineUp(l, clock.Now())
+				if !admitted {
+					continue // into the line, at its place
+				}
+			}
 			wait := r.wait
 			if r.reason == inFlightFull { // the others come back one tick apart already
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
@@ -199,12 +235,25 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		if req.Waited != nil {
 			req.Waited(Wait{For: r.wait, Binding: BoundBacklog, Granted: true})
 		}
+		if queued {
+			// Granted: out of the line, so that the next may ask.
+			queued = false
+			if err := b.leaveLine(ctx, member); err != nil {
+				_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost)
+				return nil, 0, err
+			}
+		}
 		p, err := b.holdTick(ctx, l, req, held{r: r, sent: sent, earliest: sent.Add(r.wait), tick: recv.Add(r.wait)})
 		if err != nil {
 			return nil, 0, err
 		}
 		if p != nil {
 			return p, 0, nil
+		}
+		if lined {
+			// Its tick was dropped (a pause, a respace) or given up late:
+			// every replica's callers ask again at once, in the line.
+			b.gate.lineUp(l, clock.Now())
 		}
 	}
 }

@@ -42,6 +42,7 @@ type Gate struct {
 	handles     atomic.Uint64     // bucket handles made, to order them
 	edits       atomic.Uint64     // respaces (config edits) so far: the generation of the handles made since (see Bucket.gen)
 	noFunctions atomic.Bool       // the server has no Redis Functions for us: run scripts (functions.go)
+	inLineSeq   atomic.Int64      // callers put in a line without a tag, to name them (line.go)
 
 	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed

@@ -44,7 +44,10 @@ type holder struct {
 	cost int
 	// Guarded by Gate.mu.
 	g     held
-	ok    bool   // g is a tick (false: it was handed on; ask again)
+	ok    bool   // g is a tick (false: it was handed on, or dropped; ask again)
+	// dropped: g was taken away by a pause or a respace (dropHolders),
+	// and the caller gives it up.
+	dropped bool
 	moved func() // wakes the caller from its sleep: g or ok changed
 }
 
@@ -168,13 +171,18 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 	gate.mu.Unlock()
 	for {
 		gate.mu.Lock()
-		cur, ok := h.g, h.ok
+		cur, ok, dropped := h.g, h.ok, h.dropped
 		sleep, cancel := context.WithCancel(ctx)
 		h.moved = cancel
 		gate.mu.Unlock()
 		if !ok {
 			cancel()
-			return nil, nil // handed on: ask again
+			if dropped { // granted before a pause began, or a respace
+				if err := b.giveUp(ctx, cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost); err != nil {
+					return nil, err
+				}
+			}
+			return nil, nil // handed on or dropped: ask again
 		}
 		err := clock.Sleep(sleep, cur.tick.Sub(clock.Now()))
 		cancel()

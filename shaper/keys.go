@@ -84,6 +84,12 @@ type bucketKeys struct {
 	// check is a short-lived string a server check writes (see
 	// checkScript): a replica refuses the write.
 	check string
+	// line is a sorted set of the calls waiting beyond the horizon,
+	// scored by their order (Request.Order), and lineDue one of the same
+	// calls scored by the moment each must ask again to keep its place
+	// (µs); both expire soon after the last caller in line asked (see
+	// line.go).
+	line, lineDue string
 	// start is a string, the moment the bucket's last call started (µs),
 	// for a bucket spaced by actual starts (see startLua); it expires a
 	// window after that start.
@@ -101,6 +107,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"), start: b("start"),
+		line: b("line"), lineDue: b("line_due"),
 	}
 }
 

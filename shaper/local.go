@@ -1,7 +1,10 @@
 package shaper
 
 import (
+	"cmp"
 	"context"
+	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -24,6 +27,7 @@ type local struct {
 	batch       []*asker      // callers waiting to ask in the next batch, in arrival order
 	batching    bool          // a batch is on its way to Redis (its runner hands on)
 	holding     []*holder     // callers holding a granted tick, in the order of their ticks (see hold.go)
+	lineUntil   time.Time     // local time until which callers with an Order go through the line (line.go)
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
@@ -57,10 +61,30 @@ func (g *Gate) notePause(bucket string, until time.Time) {
 	defer g.mu.Unlock()
 	if l, ok := g.active[bucket]; ok && until.After(l.pausedUntil) {
 		l.pausedUntil = until
+		l.dropHolders(func(h *holder) bool { return h.g.tick.Before(until) })
+		// Callers come back from the pause together: in the line.
+		if after := until.Add(lineLinger); after.After(l.lineUntil) {
+			l.lineUntil = after
+		}
 		if g.testNotedPause != nil {
 			g.testNotedPause(bucket, until)
 		}
 	}
+}
+
+// dropHolders takes the ticks of the holders for which drop is true
+// away, at once: they give them up and ask again together, in the line
+// (line.go), rather than each at its tick, behind the calls that asked
+// meanwhile. g.mu is held.
+func (l *local) dropHolders(drop func(*holder) bool) {
+	l.holding = slices.DeleteFunc(l.holding, func(h *holder) bool {
+		if !h.ok || !drop(h) {
+			return false
+		}
+		h.ok, h.dropped = false, true
+		h.wake()
+		return true
+	})
 }
 
 // pausedAt reports whether a pause heard of covers t.
@@ -84,6 +108,7 @@ func (g *Gate) noteRespace(bucket string, at time.Time) {
 	defer g.mu.Unlock()
 	if l, ok := g.active[bucket]; ok && at.After(l.respacedAt) {
 		l.respacedAt = at
+		l.dropHolders(func(h *holder) bool { return h.g.sent.Before(at) })
 	}
 }
 
@@ -182,6 +207,14 @@ func (g *Gate) askBatched(ctx context.Context, l *local, b *Bucket, req Request)
 	}
 }
 
+// orderOf is r's place in a batch: its Order, or last when it has none.
+func orderOf(r Request) int64 {
+	if r.Order > 0 {
+		return r.Order
+	}
+	return math.MaxInt64
+}
+
 // runBatch asks for the first callers in line that share a bucket handle
 // (at most maxBatch), answers each, and hands the next batch to the first
 // caller left in line.
@@ -195,6 +228,9 @@ func (g *Gate) runBatch(ctx context.Context, l *local) {
 	take := l.batch[:n:n]
 	l.batch = append([]*asker(nil), l.batch[n:]...)
 	g.mu.Unlock()
+	// Callers that know their place in the queue ask in that order: the
+	// batch's ticks are granted in it (G3).
+	slices.SortStableFunc(take, func(a, b *asker) int { return cmp.Compare(orderOf(a.req), orderOf(b.req)) })
 	reqs := make([]Request, n)
 	for i, a := range take {
 		reqs[i] = a.req

@@ -1,0 +1,187 @@
+package shaper
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The line (G3 across replicas). A bucket grants ticks up to its
+// horizon to whoever asks first; with a backlog beyond the horizon, the
+// callers told to come back would otherwise come back in a race, and a
+// replica that took a run of calls from the queue early (calls 0-200 to
+// one, 200-400 to the next) would have its late calls granted beside
+// another's early ones. So while a bucket has such a backlog, callers
+// that know their call's place in the queue (Request.Order) line up in
+// Redis, sorted by it, and only the first lineAdmit of the line ask the
+// gate; the others wait, each for about as long as the calls ahead of it
+// take at the bucket's rate, and ask the line again. A caller leaves the
+// line once granted a tick. A caller that does not come back when due
+// (its worker died, or it ended) is dropped from the line; one that comes
+// back later takes its place again, by its order.
+//
+// The line costs nothing without a backlog: a process sends its callers
+// to it only for lineLinger after one of them was told the bucket's next
+// free tick is beyond the horizon, or had its tick dropped (a pause, a
+// respace, a late wake-up), when every replica's callers ask again at
+// once.
+
+const (
+	// lineLinger is how long after a backlog answer a process keeps
+	// sending its callers through the line.
+	lineLinger = 2 * time.Second
+	// lineAdmitFor sizes lineAdmit: the first callers of the line that
+	// may ask the gate are its ticks in lineAdmitFor, at least
+	// lineAdmitMin. Calls granted in one batch keep their order; callers
+	// asking side by side may pass each other, by at most lineAdmit.
+	lineAdmitFor = 50 * time.Millisecond
+	lineAdmitMin = 4
+	// lineGrace is how late after its due moment a caller in line may ask
+	// again and still hold its place (a caller that asks later takes it
+	// back by its order).
+	lineGrace = 500 * time.Millisecond
+	// lineSettle is how long a caller that finds itself at the head of the
+	// line on joining it waits before it asks the gate: callers of every
+	// replica come back together after a drop or a pause (a respace is
+	// heard a Pub/Sub message later), and those a moment late must find
+	// their place before the head is granted (well within respaceSlack,
+	// before the first tick at the new spacing).
+	lineSettle = 30 * time.Millisecond
+	// lineMaxSleep bounds a caller's wait between two asks of the line.
+	lineMaxSleep = time.Second
+	// lineKeep is how long the line's keys outlive its last ask.
+	lineKeep = 10 * time.Second
+)
+
+// lineScript puts a caller in its bucket's line (or refreshes its place)
+// and says whether it may ask the gate now.
+//
+// KEYS[1] line (call -> order), KEYS[2] lineDue (call -> due, µs).
+// ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] the call, ARGV[3]
+// its order, ARGV[4] how many at the head may ask the gate (admit),
+// ARGV[5] the bucket's interval (µs), ARGV[6] grace (µs), ARGV[7] the
+// longest sleep (µs), ARGV[8] the keys' expiry (ms).
+// Returns {rank, sleep}: its rank in line (0 first); sleep 0 when rank <
+// admit (ask the gate now), else how long to wait before asking the line
+// again (µs).
+var lineScript = redis.NewScript(nowLua + `
+local k_line = KEYS[1]
+local k_due = KEYS[2]
+local a_call = ARGV[2]
+local a_order = tonumber(ARGV[3])
+local a_admit = tonumber(ARGV[4])
+local a_interval = tonumber(ARGV[5])
+local a_grace = tonumber(ARGV[6])
+local a_max_sleep = tonumber(ARGV[7])
+local a_keep = tonumber(ARGV[8])
+local now = now_us()
+local gone = redis.call('ZRANGEBYSCORE', k_due, '-inf', '(' .. string.format('%d', now), 'LIMIT', 0, 500)
+if #gone > 0 then
+  redis.call('ZREM', k_line, unpack(gone))
+  redis.call('ZREM', k_due, unpack(gone))
+end
+redis.call('ZADD', k_line, a_order, a_call)
+local rank = redis.call('ZRANK', k_line, a_call)
+local sleep = 0
+if rank >= a_admit then
+  sleep = math.min(a_max_sleep, math.floor((rank - a_admit + 1) * a_interval * 0.8))
+end
+redis.call('ZADD', k_due, string.format('%d', now + sleep + a_grace), a_call)
+redis.call('PEXPIRE', k_line, a_keep)
+redis.call('PEXPIRE', k_due, a_keep)
+return {rank, sleep}
+`)
+
+// lineAdmit is how many callers at the head of the line may ask the
+// gate: its ticks in lineAdmitFor, at least lineAdmitMin.
+func lineAdmit(iv time.Duration, burst int) int {
+	if iv <= 0 {
+		return lineAdmitMin
+	}
+	return max(lineAdmitMin, int(int64(lineAdmitFor)*int64(max(burst, 1))/int64(iv)))
+}
+
+// lineMember is the caller's name in the line: its tag (the job runner's
+// worker and call), else one unique to the process's gate.
+func (b *Bucket) lineMember(req Request) string {
+	if req.Tag != "" {
+		return req.Tag
+	}
+	return b.gate.replica + "|" + strconv.FormatInt(b.gate.inLineSeq.Add(1), 10)
+}
+
+// inLine reports whether the process sends the bucket's callers through
+// the line now: a backlog or a drop was seen within lineLinger, or more
+// of its callers are asking than the line admits at once (a run of calls
+// taken from the queue together, which would otherwise be granted in
+// the order they happen to ask). g.mu is not held.
+func (b *Bucket) inLine(l *local, now time.Time) bool {
+	iv, burst, _, _ := b.spacing()
+	g := b.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return now.Before(l.lineUntil) || l.callers-len(l.holding) > lineAdmit(iv, burst)
+}
+
+// lineUp makes the process send the bucket's callers through the line
+// for lineLinger from now.
+func (g *Gate) lineUp(l *local, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if until := now.Add(lineLinger); until.After(l.lineUntil) {
+		l.lineUntil = until
+	}
+}
+
+// waitInLine puts the caller in the bucket's line and returns once it is
+// among the first lineAdmit, telling req.Backlogged once when its place
+// is further than maxWait.
+func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told *bool) error {
+	iv, burst, _, _ := b.spacing()
+	admit := lineAdmit(iv, burst)
+	joined := false // asked the line once: its place is settled
+	for {
+		// While callers wait in line, the process's new callers join it.
+		b.gate.lineUp(l, b.gate.clock.Now())
+		res, err := lineScript.Run(ctx, b.gate.rdb, []string{b.keys.line, b.keys.lineDue}, b.gate.redisNow(), member, req.Order,
+			admit, iv.Microseconds(), lineGrace.Microseconds(), lineMaxSleep.Microseconds(), lineKeep.Milliseconds()).Int64Slice()
+		if err != nil {
+			return fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
+		}
+		rank, sleep := res[0], time.Duration(res[1])*time.Microsecond
+		if rank < int64(admit) {
+			if joined {
+				return nil
+			}
+			sleep = lineSettle
+		}
+		joined = true
+		ahead := time.Duration(rank-int64(admit)+1) * iv / time.Duration(max(burst, 1))
+		if req.MaxWait > 0 && ahead > req.MaxWait && req.Backlogged != nil && !*told {
+			*told = true
+			req.Backlogged(ahead)
+		}
+		if req.Waited != nil {
+			req.Waited(Wait{For: sleep, Binding: BoundBacklog})
+		}
+		if err := b.gate.clock.Sleep(ctx, sleep); err != nil {
+			return err
+		}
+	}
+}
+
+// leaveLine takes the caller out of the bucket's line.
+func (b *Bucket) leaveLine(ctx context.Context, member string) error {
+	_, err := b.gate.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, b.keys.line, member)
+		p.ZRem(ctx, b.keys.lineDue, member)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("shaper: leave the line of %q: %w", b.name, unavailable(ctx, err))
+	}
+	return nil
+}
