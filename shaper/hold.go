@@ -43,12 +43,12 @@ type holder struct {
 	lane Lane
 	cost int
 	// Guarded by Gate.mu.
-	g     held
-	ok    bool   // g is a tick (false: it was handed on, or dropped; ask again)
+	g  held
+	ok bool // g is a tick (false: it was handed on, or dropped; ask again)
 	// dropped: g was taken away by a pause or a respace (dropHolders),
 	// and the caller gives it up.
 	dropped bool
-	moved func() // wakes the caller from its sleep: g or ok changed
+	moved   func() // wakes the caller from its sleep: g or ok changed
 }
 
 // fenceTrip is how long a Request.Fence may take and still count as
