@@ -17,6 +17,7 @@ import (
 
 func newExplainCmd() *cobra.Command {
 	var asJSON bool
+	var vendor string
 	cmd := &cobra.Command{
 		Use:   "explain TASK_ID",
 		Short: "Say what a call waits for and when it should start, or how it ended",
@@ -32,7 +33,7 @@ the call's path without its query.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, func(ctx context.Context, _ *config.Config, _ redis.UniversalClient, c *queue.Client) error {
-				ex, err := c.Explain(ctx, args[0])
+				ex, err := c.ExplainVendor(ctx, vendor, args[0])
 				if errors.Is(err, queue.ErrNoTask) {
 					return fmt.Errorf("%w: check the id (shaper enqueue prints it)", err)
 				}
@@ -50,6 +51,7 @@ the call's path without its query.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringVar(&vendor, "vendor", "", "the call's vendor: needed only for an id that calls of more than one vendor carry (ids are per vendor)")
 	return cmd
 }
 

@@ -66,6 +66,43 @@ rate = 5
 	}
 }
 
+// TestExplainNamesTheVendor: the same id queued on two vendors is two
+// calls; explain without --vendor says it is ambiguous and names both,
+// and --vendor picks one.
+func TestExplainNamesTheVendor(t *testing.T) {
+	t.Parallel()
+	a, b := "expa-"+redistest.Prefix(t)[5:], "expb-"+redistest.Prefix(t)[5:]
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	err := os.WriteFile(cfg, []byte(`[redis]
+addr = "`+redistest.Addr(t)+`"
+
+[vendors.`+a+`]
+base_url = "https://a.vendor.example"
+rate = 5
+
+[vendors.`+b+`]
+base_url = "https://b.vendor.example"
+rate = 5
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{a, b} {
+		if out, err := runShaper(t, "", "enqueue", "--config", cfg, "--vendor", v, "--id", "same-id", "--path", "/x"); err != nil {
+			t.Fatalf("enqueue on %s: %v\n%s", v, err, out)
+		}
+	}
+	out, err := runShaper(t, "", "explain", "--config", cfg, "same-id")
+	if err == nil || !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, "--vendor") {
+		t.Fatalf("explain same-id: %v\n%s\nwant an error naming %s, %s and --vendor", err, out, a, b)
+	}
+	out, err = runShaper(t, "", "explain", "--config", cfg, "--json", "--vendor", b, "same-id")
+	var ex queue.Explanation
+	if err != nil || json.Unmarshal([]byte(out), &ex) != nil || ex.Vendor != b {
+		t.Fatalf("explain --vendor %s same-id: %v\n%s", b, err, out)
+	}
+}
+
 // TestExplainEstimateOnABacklog explains calls queued behind a steady
 // backlog of two real workers and logs how far each estimated start was from
 // when the vendor saw the call (wall clock: logged, not asserted;
