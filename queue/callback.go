@@ -243,16 +243,16 @@ type Outcome struct {
 	// answer came: a timeout, a refused connection).
 	Status int `json:"status,omitempty"`
 	// Body is the start of the vendor's answer as stored for the call
-	// (CallResult: 512 bytes, with header secrets redacted).
+	// (CallResult: 512 bytes, with header and query values redacted).
 	Body     string `json:"body,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Attempts int    `json:"attempts"` // vendor calls made, the last one included (waits and 429s aside)
 	// EnqueuedAt is when the call was queued (by the enqueuer's clock;
 	// absent for a call queued before shaper stamped it).
 	EnqueuedAt time.Time `json:"enqueued_at,omitzero"`
-	// SentAt is when the last attempt's request was sent to the vendor,
-	// after its tick (absent when no answer came: a timeout, a refused
-	// connection).
+	// SentAt is when the last attempt's request went out to the vendor
+	// (its headers written, after the wait for its tick; absent when no
+	// answer came: a timeout, a refused connection).
 	SentAt time.Time `json:"sent_at,omitzero"`
 	// FinishedAt is when the last attempt ended.
 	FinishedAt time.Time `json:"finished_at"`
