@@ -50,10 +50,10 @@ type Gate struct {
 	testNotedPause func(bucket string, until time.Time) // tests: called, under mu, when a pause is noted for waiting callers
 }
 
-// NewGate returns a gate on rdb. The gate never closes rdb; it adds a
-// hook to it that counts the connections it dials (how the gate tells a
-// failover or a restart without asking the server on every grant: see
-// server.go).
+// NewGate returns a gate on rdb. The gate never closes rdb; the first
+// gate made on it adds a hook that counts the connections it dials, which
+// every later gate on it shares (how the gate tells a failover or a
+// restart without asking the server on every grant: see server.go).
 func NewGate(rdb redis.UniversalClient, cfg Config) *Gate {
 	g := &Gate{rdb: rdb, prefix: cfg.KeyPrefix, clock: cfg.Clock, replica: cfg.Replica, active: map[string]*local{}}
 	g.srv.watchDials(rdb)

@@ -3,9 +3,11 @@ package shaper
 import (
 	"context"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -20,7 +22,7 @@ import (
 //
 //   - a new connection was dialed by the gate's client (a failover or a
 //     restart always means new connections: the gate counts dials with a
-//     go-redis dial hook);
+//     go-redis dial hook, one per client whatever the gates on it);
 //   - a grant came back over a connection dialed after its arguments were
 //     built (the grant is given up and asked again);
 //   - serverCheck passed since the last answer (a proxy that keeps client
@@ -43,8 +45,8 @@ const noServer = "-"
 
 // servers is a gate's knowledge of the servers its groups live on.
 type servers struct {
-	hooked bool          // dials are counted
-	dials  atomic.Uint64 // connections dialed by the gate's client
+	hooked bool           // dials are counted
+	dials  *atomic.Uint64 // connections dialed by the gate's client (by every gate on it)
 
 	mu  sync.Mutex
 	ids map[string]serverID // by group
@@ -58,23 +60,69 @@ type serverID struct {
 	at    time.Time
 }
 
+// dialCounts holds the dial count of each client a gate was made on, so
+// that the gates of one client share one hook: a hook added per gate
+// stayed on the client for good, and a page or a program that makes a
+// gate per config reload piled them up. It is process-wide because the
+// hook is (it lives on a client every gate of the process may share), and
+// weak: it holds no client, and an entry goes once its client is
+// collected. Keys are weak.Pointers to *redis.Client or
+// *redis.ClusterClient; values *dialCount. A cluster's node clients are
+// keyed too, with the cluster's count, so that each node gets one hook.
+var dialCounts sync.Map
+
+// dialCount is the dial count of one client: one hook adds to it.
+type dialCount struct {
+	n     atomic.Uint64
+	setup sync.Once // the client's hook (or a cluster's OnNewNode), added once
+}
+
+// dialCountOf returns c's dial count, made (with a cleanup that drops it
+// when c is collected) on first use.
+func dialCountOf[T any](c *T) *dialCount {
+	key := weak.Make(c)
+	if v, ok := dialCounts.Load(key); ok {
+		return v.(*dialCount)
+	}
+	v, loaded := dialCounts.LoadOrStore(key, &dialCount{})
+	if !loaded {
+		runtime.AddCleanup(c, func(k weak.Pointer[T]) { dialCounts.Delete(k) }, key)
+	}
+	return v.(*dialCount)
+}
+
+// hookNode adds d's hook to a node client of a cluster unless it has
+// one (a node is keyed with the cluster's count).
+func hookNode(n *redis.Client, d *dialCount) {
+	key := weak.Make(n)
+	if _, loaded := dialCounts.LoadOrStore(key, d); loaded {
+		return
+	}
+	runtime.AddCleanup(n, func(k weak.Pointer[redis.Client]) { dialCounts.Delete(k) }, key)
+	n.AddHook(dialCounter{n: &d.n})
+}
+
 // watchDials counts the connections rdb dials, where the client type
-// allows it, and reports whether it does.
+// allows it, with one hook per client whatever the number of gates on it.
 func (s *servers) watchDials(rdb redis.UniversalClient) {
-	hook := dialCounter{n: &s.dials}
+	s.ids = map[string]serverID{}
+	s.dials = new(atomic.Uint64) // not counted: known always asks
 	switch c := rdb.(type) {
 	case *redis.Client:
-		c.AddHook(hook)
-		s.hooked = true
+		d := dialCountOf(c)
+		d.setup.Do(func() { c.AddHook(dialCounter{n: &d.n}) })
+		s.dials, s.hooked = &d.n, true
 	case *redis.ClusterClient:
-		// Node clients made from now on, then those that exist.
-		c.OnNewNode(func(n *redis.Client) { n.AddHook(hook) })
+		// Node clients made from now on, then those that exist (each
+		// gate tries: a first try may find the cluster unreachable).
+		d := dialCountOf(c)
+		d.setup.Do(func() { c.OnNewNode(func(n *redis.Client) { hookNode(n, d) }) })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		add := func(_ context.Context, n *redis.Client) error { n.AddHook(hook); return nil }
+		add := func(_ context.Context, n *redis.Client) error { hookNode(n, d); return nil }
+		s.dials = &d.n
 		s.hooked = c.ForEachMaster(ctx, add) == nil && c.ForEachSlave(ctx, add) == nil
 	}
-	s.ids = map[string]serverID{}
 }
 
 // known returns the run_id to pass the scripts for group ("": ask INFO)
