@@ -74,7 +74,7 @@ token (--ui-token or SHAPER_UI_TOKEN): open the page once as /?token=TOKEN
 			redis.SetLogger(redisLog{log})
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			rdb, closeRedis, err := connect(ctx, cfg, false, log)
+			ctx, rdb, closeRedis, err := connect(ctx, cfg, false, log)
 			if err != nil {
 				return err
 			}
@@ -102,7 +102,7 @@ token (--ui-token or SHAPER_UI_TOKEN): open the page once as /?token=TOKEN
 			})
 			<-ctx.Done()
 			watch.Wait()
-			return nil
+			return embeddedGone(ctx)
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8080", "serve the page on this address (:0 picks a free port)")

@@ -70,7 +70,7 @@ queue.`,
 				return err
 			}
 			defer stopTracing() // last: the spans of the shutdown go too
-			rdb, closeRedis, err := connect(ctx, cfg, true, log)
+			ctx, rdb, closeRedis, err := connect(ctx, cfg, true, log)
 			if err != nil {
 				return err
 			}
@@ -138,7 +138,10 @@ queue.`,
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			log.Info("worker started", "config", cfg.Path, "vendors", cfg.VendorNames())
-			return runWorker(ctx, w, cfg, hup, applied, log)
+			if err := runWorker(ctx, w, cfg, hup, applied, log); err != nil {
+				return err
+			}
+			return embeddedGone(ctx)
 		},
 	}
 	cmd.Flags().BoolVar(&allowEviction, "allow-eviction", false, "run even when Redis's maxmemory-policy may evict queued calls (allkeys-*)")
@@ -306,14 +309,18 @@ func withClient(cmd *cobra.Command, f func(ctx context.Context, cfg *config.Conf
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-	rdb, closeRedis, err := connect(ctx, cfg, false, log)
+	ctx, rdb, closeRedis, err := connect(ctx, cfg, false, log)
 	if err != nil {
 		return err
 	}
 	defer closeRedis()
 	c := queue.NewClient(rdb, cfg.ClientConfig())
 	defer c.Close()
-	return f(ctx, cfg, rdb, c)
+	err = f(ctx, cfg, rdb, c)
+	if gone := embeddedGone(ctx); gone != nil {
+		return gone
+	}
+	return err
 }
 
 // workerRef reads the worker the metrics describe through w, which is set
