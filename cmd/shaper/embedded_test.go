@@ -226,4 +226,3 @@ func runShaperEnv(t *testing.T, env []string, args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
-
