@@ -438,3 +438,23 @@ func TestIDFreeAfterItsCallIsDeleted(t *testing.T) {
 		}
 	}
 }
+
+// TestTaskIDNamesOneTaskAcrossLanes: a task of the user's own type
+// queued with an id, then again with the same id in the high lane, is
+// ErrDuplicate, and only its first lane holds it.
+func TestTaskIDNamesOneTaskAcrossLanes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("tasks", policy(10), 0, http.NotFoundHandler())
+	c := e.newClient()
+	ctx := context.Background()
+	if _, err := c.EnqueueTask(ctx, Target{Vendor: v}, asynq.NewTask("export:page", nil), asynq.TaskID("page-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.EnqueueTask(ctx, Target{Vendor: v}, asynq.NewTask("export:page", nil), asynq.TaskID("page-1"), Priority(shaper.High)); !errors.Is(err, ErrDuplicate) {
+		t.Errorf("page-1 again in the high lane: %v, want ErrDuplicate", err)
+	}
+	if got := lanesHolding(t, e.rdb(), v, "page-1"); len(got) != 1 || got[0] != "normal" {
+		t.Errorf("page-1 is in lanes %v, want [normal]", got)
+	}
+}

@@ -421,8 +421,49 @@ func splitOptions(opts []asynq.Option) (callOptions, []asynq.Option) {
 // options here rather than to asynq.NewTask: a task that carries shaper's
 // headers (an account, a cost, the high lane, a trace context) is rebuilt
 // with them, and asynq cannot read back the options a task was made with.
+// A task id (asynq.TaskID) names one task of the vendor, whatever its
+// lane, as a call's id does: a task whose id the vendor holds in either
+// lane is ErrDuplicate, one another enqueue is queueing ErrInProgress.
 func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	id, lane := "", shaper.Normal
+	for _, o := range opts {
+		if o.Type() == asynq.TaskIDOpt {
+			id, _ = o.Value().(string)
+		}
+		if l, ok := o.(laneOption); ok {
+			lane = shaper.Lane(l)
+		}
+	}
+	if id == "" {
+		info, err := c.enqueueTask(ctx, to, t, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return info, c.replicated(ctx, 1)
+	}
+	if err := c.checkAccount(to.Vendor, to.Account); err != nil {
+		return nil, err
+	}
+	calls := []Call{{ID: id, Priority: lane.String()}}
+	res := BatchResult{Calls: []BatchCall{{ID: id, State: StateNotQueued, Lane: lane.String()}}}
+	mine, claimedAt, err := c.claimCalls(ctx, to.Vendor, calls, []int{0}, &res)
+	switch {
+	case err != nil:
+		if mine[0] {
+			c.releaseClaims(ctx, to.Vendor, []string{id})
+		}
+		return nil, err
+	case res.Calls[0].State == StateAlreadyQueued:
+		return nil, fmt.Errorf("%w (%s, %s lane)", ErrDuplicate, to.Vendor, res.Calls[0].Lane)
+	case !mine[0]:
+		return nil, res.Calls[0].Err
+	}
 	info, err := c.enqueueTask(ctx, to, t, opts...)
+	if err != nil && !errors.Is(err, ErrDuplicate) {
+		c.releaseClaims(ctx, to.Vendor, []string{id})
+		return nil, err
+	}
+	c.markQueued(ctx, to.Vendor, claimedAt, []string{id}, []shaper.Lane{lane})
 	if err != nil {
 		return nil, err
 	}
