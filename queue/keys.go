@@ -26,9 +26,11 @@ func laneQueue(vendor string, lane shaper.Lane) string {
 // the gate, which never looks inside a name.
 func bucketName(vendor string) string { return vendor }
 
-// queuePausedKey marks the vendor's asynq queue as paused by shaper (not
-// by an operator), so that a worker unpauses it when the wait is nearly
-// over. It shares the vendor's hash tag with the gate's keys.
+// queuePausedKey marks the vendor's asynq queue as paused by shaper for a
+// long wait: which lanes ("normal" or "both"), for at least the wait. Who
+// paused a queue is in asynq's own paused key (pausedByShaper), so a
+// worker unpauses a queue shaper paused even once this mark is gone
+// (supervisor.go). It shares the vendor's hash tag with the gate's keys.
 func queuePausedKey(prefix, vendor string) string {
 	return prefix + ":{" + bucketName(vendor) + "}:queue-paused"
 }
