@@ -196,7 +196,9 @@ func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *
 		e.EstimatedStart = timePtr(info.NextProcessAt)
 		switch {
 		case e.Binding == BindRetry:
-			e.Reason = fmt.Sprintf("failed (%s); retry %d at %s", info.LastErr, info.Retried+1, info.NextProcessAt.Format(time.RFC3339))
+			// Retried counts the retries scheduled (this one included);
+			// the budget, not asynq's MaxRetry (one above it: retry.go).
+			e.Reason = fmt.Sprintf("failed (%s); retry %d of %d at %s", info.LastErr, info.Retried, retryBudget(info.Headers, info.MaxRetry), info.NextProcessAt.Format(time.RFC3339))
 		case info.State == asynq.TaskStateRetry:
 			e.Reason = fmt.Sprintf("sent back to the queue to wait (%s); it comes back at %s and takes the next tick", info.LastErr, info.NextProcessAt.Format(time.RFC3339))
 		default:

@@ -178,3 +178,28 @@ func taskInfo(insp *asynq.Inspector, vendor, id string) (*asynq.TaskInfo, error)
 	}
 	return info, err
 }
+
+// TestExplainSaysTheRetryBudget: explain counts a failed call's retries
+// against the budget it was queued with, not asynq's MaxRetry (the
+// budget plus the headroom).
+func TestExplainSaysTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	name := e.vendor("budget", shaper.Policy{Limits: []shaper.Limit{{Rate: 20, Window: time.Second}}}, 0,
+		&scriptedVendor{script: []answer{{status: http.StatusInternalServerError}}})
+	c := NewClient(e.rdb(), ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix, MaxRetry: 2})
+	t.Cleanup(func() { _ = c.Close() })
+	id, err := c.Enqueue(context.Background(), Call{Vendor: name, ID: "budget-1", Path: "/things"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(func(w *Worker) { w.cfg.RetryBackoff = func(int) time.Duration { return time.Hour } })
+	var ex Explanation
+	waitFor(t, 30*time.Second, "the call's first failure", func() bool {
+		ex, err = c.Explain(context.Background(), id)
+		return err == nil && ex.Binding == BindRetry
+	})
+	if !strings.Contains(ex.Reason, "retry 1 of 2 at") {
+		t.Errorf("explain: %q, want retry 1 of 2", ex.Reason)
+	}
+}
