@@ -29,9 +29,9 @@ import (
 var ErrInProgress = errors.New("queue: another request is queueing a call with this id")
 
 const (
-	// claimKeep is how long an id's claim lives: far longer than a
-	// chunk takes to queue (claimSafe), and short enough that the claims
-	// of a vendor stay a minute's worth of ids.
+	// claimKeep is how long an id's claim lives at most, if its holder
+	// dies before it releases it: far longer than a chunk takes to queue
+	// (claimSafe).
 	claimKeep = time.Minute
 	// claimSafe bounds the time from claiming a chunk's ids to queueing
 	// the last of them: past it, the rest of the chunk is not queued (its
@@ -39,7 +39,7 @@ const (
 	claimSafe = claimKeep / 2
 	// claimStale is the age past which a claim whose call is in no lane
 	// is stale: its holder stopped queueing (claimSafe) and any write it
-	// had sent has landed.
+	// had sent has landed; other enqueues drop it.
 	claimStale = claimSafe + 10*time.Second
 	// claimWait is how long an enqueue waits for another request that
 	// holds the claim of one of its ids to queue that call; claimPoll is
@@ -54,11 +54,12 @@ const (
 	roomKeep = time.Minute
 )
 
-// idClaimScript claims ids of a vendor's calls: each id not claimed in
-// the last keep is claimed now for its lane; a claimed one is left as it
-// is. A claim is a member of a sorted set scored by claimScore: its Redis
-// time (ms), whether its call is known to be queued, and its lane.
-// Claims older than keep are dropped first.
+// idClaimScript claims ids of a vendor's calls: each id not claimed is
+// claimed now for its lane; a claimed one is left as it is. A claim is a
+// member of a sorted set scored by its Redis time (ms) * 2 + its lane's
+// bit; it lives while its enqueue runs (released once its call is queued,
+// when the call itself holds the id), and claims older than keep (their
+// holder died) are dropped first.
 //
 // KEYS[1] the vendor's claims (sorted set).
 // ARGV[1] keep (ms), then pairs ARGV[2k] lane (0|1), ARGV[2k+1] id.
@@ -69,7 +70,7 @@ local k_claims = KEYS[1]
 local keep = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. string.format('%d', (now - keep) * 4))
+redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. string.format('%d', (now - keep) * 2))
 local ids, lanes = {}, {}
 for i = 2, #ARGV, 2 do
   lanes[#lanes + 1] = tonumber(ARGV[i])
@@ -82,7 +83,7 @@ for i, id in ipairs(ids) do
     out[i + 1] = tonumber(held[i])
   else
     out[i + 1] = -1
-    add[#add + 1] = string.format('%d', now * 4 + lanes[i])
+    add[#add + 1] = string.format('%d', now * 2 + lanes[i])
     add[#add + 1] = id
   end
 end
@@ -94,8 +95,7 @@ return out
 `)
 
 // dropStaleScript drops claims that are as they were seen: claims whose
-// call was queued and is gone (cancelled outside shaper, or its retention
-// ended), or whose holder gave up.
+// holder gave up (claimStale) without queueing their call.
 //
 // KEYS[1] the vendor's claims. ARGV pairs: ARGV[2k-1] the score seen,
 // ARGV[2k] id.
@@ -112,16 +112,6 @@ end
 return n
 `)
 
-// claimScore is a claim's score: at (Redis ms) * 4 + 2 when its call is
-// known to be queued + its lane's bit.
-func claimScore(at int64, queued bool, l shaper.Lane) int64 {
-	s := at*4 + laneBit(l)
-	if queued {
-		s += 2
-	}
-	return s
-}
-
 // laneBit is a lane's bit in a claim's score.
 func laneBit(l shaper.Lane) int64 {
 	if l == shaper.High {
@@ -132,11 +122,10 @@ func laneBit(l shaper.Lane) int64 {
 
 // idClaim is what idClaimScript said of one id.
 type idClaim struct {
-	mine   bool        // claimed now, by this enqueue
-	lane   shaper.Lane // the lane its holder queues it in
-	at     int64       // when it was claimed (Redis time, ms)
-	queued bool        // its holder queued the call (or found it queued)
-	score  int64
+	mine  bool        // claimed now, by this enqueue
+	lane  shaper.Lane // the lane its holder queues it in
+	at    int64       // when it was claimed (Redis time, ms)
+	score int64
 }
 
 // claimIDs claims ids (unique) of vendor's calls, each for its lane. It
@@ -157,32 +146,16 @@ func (c *Client) claimIDs(ctx context.Context, vendor string, ids []string, lane
 	out := make([]idClaim, len(ids))
 	for i, s := range res[1:] {
 		if s < 0 {
-			out[i] = idClaim{mine: true, lane: lanes[i], at: res[0], score: claimScore(res[0], false, lanes[i])}
+			out[i] = idClaim{mine: true, lane: lanes[i], at: res[0], score: res[0]*2 + laneBit(lanes[i])}
 			continue
 		}
 		l := shaper.Normal
 		if s%2 == 1 {
 			l = shaper.High
 		}
-		out[i] = idClaim{lane: l, at: s / 4, queued: s%4 >= 2, score: s}
+		out[i] = idClaim{lane: l, at: s / 2, score: s}
 	}
 	return res[0], out, nil
-}
-
-// markQueued records, in the claims made at now (ms), that their calls
-// are queued, in the lanes given. Best effort: an unmarked claim whose
-// call is queued is told by the call itself.
-func (c *Client) markQueued(ctx context.Context, vendor string, now int64, ids []string, lanes []shaper.Lane) {
-	if len(ids) == 0 {
-		return
-	}
-	members := make([]redis.Z, len(ids))
-	for i, id := range ids {
-		members[i] = redis.Z{Score: float64(claimScore(now, true, lanes[i])), Member: id}
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = c.rdb.ZAddXX(ctx, claimsKey(c.cfg.KeyPrefix, vendor), members...).Err()
 }
 
 // dropStale drops the claims of ids as they were seen (scores).
@@ -197,9 +170,10 @@ func (c *Client) dropStale(ctx context.Context, vendor string, ids []string, sco
 	return nil
 }
 
-// releaseClaims drops the claims of ids this enqueue made and did not
-// queue, so that posting them again need not wait for the claims to
-// lapse. It runs even when ctx is done.
+// releaseClaims drops the claims of ids this enqueue made: once their
+// calls are queued (each call then holds its id in its lane), or when it
+// did not queue them, so that posting them again need not wait. It runs
+// even when ctx is done.
 func (c *Client) releaseClaims(ctx context.Context, vendor string, ids []string) {
 	if len(ids) == 0 {
 		return

@@ -458,3 +458,43 @@ func TestTaskIDNamesOneTaskAcrossLanes(t *testing.T) {
 		t.Errorf("page-1 is in lanes %v, want [normal]", got)
 	}
 }
+
+// TestClaimsAreLetGo: an enqueue leaves no claim behind (the calls hold
+// their ids); a claim whose holder died is waited for (ErrInProgress,
+// after claimWait) while it is young, and dropped once it is older than
+// claimStale, the id then queued.
+func TestClaimsAreLetGo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("letgo", policy(10), 0, http.NotFoundHandler())
+	c := e.newClient()
+	rdb := e.rdb()
+	ctx := context.Background()
+	key := claimsKey(e.prefix, v)
+	calls := make([]Call, 1500)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("l-%04d", i), Path: "/l"}
+	}
+	if res, err := c.EnqueueBatch(ctx, v, calls); err != nil || res.Enqueued != len(calls) {
+		t.Fatalf("%d queued, %v", res.Enqueued, err)
+	}
+	if n, err := rdb.ZCard(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("%d claims left after the batch (%v), want 0", n, err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := now.UnixMilli()
+	rdb.ZAdd(ctx, key, redis.Z{Score: float64(ms*2 + 1), Member: "young"}, redis.Z{Score: float64((ms-claimStale.Milliseconds()-time.Second.Milliseconds())*2 + 1), Member: "old"})
+	start := time.Now()
+	if _, err := c.Enqueue(ctx, Call{Vendor: v, ID: "young", Path: "/y"}); !errors.Is(err, ErrInProgress) || time.Since(start) < claimWait {
+		t.Errorf("an id a live claim holds: %v after %s, want ErrInProgress after %s", err, time.Since(start).Round(time.Millisecond), claimWait)
+	}
+	if _, err := c.Enqueue(ctx, Call{Vendor: v, ID: "old", Path: "/o"}); err != nil {
+		t.Errorf("an id whose claim is older than %s: %v, want it queued", claimStale, err)
+	}
+	if got := lanesHolding(t, rdb, v, "old"); len(got) != 1 || got[0] != "normal" {
+		t.Errorf("old is in lanes %v, want [normal]", got)
+	}
+}

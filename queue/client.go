@@ -446,7 +446,7 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	}
 	calls := []Call{{ID: id, Priority: lane.String()}}
 	res := BatchResult{Calls: []BatchCall{{ID: id, State: StateNotQueued, Lane: lane.String()}}}
-	mine, claimedAt, err := c.claimCalls(ctx, to.Vendor, calls, []int{0}, &res)
+	mine, err := c.claimCalls(ctx, to.Vendor, calls, []int{0}, &res)
 	switch {
 	case err != nil:
 		if mine[0] {
@@ -463,7 +463,7 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 		c.releaseClaims(ctx, to.Vendor, []string{id})
 		return nil, err
 	}
-	c.markQueued(ctx, to.Vendor, claimedAt, []string{id}, []shaper.Lane{lane})
+	c.releaseClaims(ctx, to.Vendor, []string{id}) // the task holds its id now
 	if err != nil {
 		return nil, err
 	}
@@ -791,7 +791,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 		firstOf[id] = i
 		claiming = append(claiming, i)
 	}
-	mine, claimedAt, err := c.claimCalls(ctx, vendor, calls, claiming, res)
+	mine, err := c.claimCalls(ctx, vendor, calls, claiming, res)
 	if err != nil {
 		var held []string
 		for i := range mine {
@@ -827,9 +827,8 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 		c.releaseClaims(ctx, vendor, unqueued(0))
 		return err
 	}
-	var done []string // ids queued now: their claims say so at the end
-	var doneIn []shaper.Lane
-	defer func() { c.markQueued(ctx, vendor, claimedAt, done, doneIn) }()
+	var done []string // ids queued now: their calls hold them, their claims go at the end
+	defer func() { c.releaseClaims(ctx, vendor, done) }()
 	for k, i := range todo {
 		if time.Since(start) > claimSafe {
 			c.releaseClaims(ctx, vendor, unqueued(k))
@@ -849,7 +848,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 			res.IDs = append(res.IDs, id)
 		}
 		if mine[i] {
-			done, doneIn = append(done, calls[i].ID), append(doneIn, calls[i].lane())
+			done = append(done, calls[i].ID)
 		}
 	}
 	for _, i := range again {
@@ -866,17 +865,14 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 
 // claimCalls claims the ids of the calls at idx (each id once) and
 // returns those whose claim this enqueue holds and whose id is in neither
-// of the vendor's lanes: the calls to queue, with the Redis time of
-// their claims. A call whose id is queued, in either lane, is recorded in
+// of the vendor's lanes: the calls to queue. A call whose id is queued, in either lane, is recorded in
 // res as already queued. A call whose id another request holds is waited
 // for, up to claimWait: once that call is in its lane it is already
 // queued; if the claim goes away (that request failed) it is claimed
 // again; past claimWait it is not queued (ErrInProgress). A claim whose
-// call was queued and is gone (deleted outside shaper), or whose holder
-// gave up (claimStale), is dropped and the id claimed again.
-func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, int64, error) {
+// holder gave up (claimStale) is dropped and the id claimed again.
+func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, error) {
 	mine := make(map[int]bool, len(idx))
-	var claimedAt int64
 	deadline := time.Now().Add(claimWait)
 	for len(idx) > 0 {
 		ids := make([]string, len(idx))
@@ -886,7 +882,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		}
 		now, claims, err := c.claimIDs(ctx, vendor, ids, lanes)
 		if err != nil {
-			return mine, claimedAt, err
+			return mine, err
 		}
 		// Where to look: an id claimed now in both lanes (a call queued
 		// before its claim lapsed, or before claims), another's claim in
@@ -895,7 +891,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		var whose [2][]int   // k of each key
 		for k, cl := range claims {
 			if cl.mine {
-				mine[idx[k]], claimedAt = true, now
+				mine[idx[k]] = true
 			}
 			for _, l := range []shaper.Lane{shaper.Normal, shaper.High} {
 				if cl.mine || cl.lane == l {
@@ -906,7 +902,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		}
 		found, err := c.queuedIn(ctx, look[:])
 		if err != nil {
-			return mine, claimedAt, err
+			return mine, err
 		}
 		queuedAt := make([]int, len(idx)) // 0: in no lane, else lane bit + 1
 		for b := range found {
@@ -916,8 +912,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 				}
 			}
 		}
-		var there []string // claimed now, and queued already
-		var thereIn []shaper.Lane
+		var there []string // claimed now, and queued already: no claim needed
 		var stale []string
 		var staleScores []int64
 		var waiting []int
@@ -934,20 +929,20 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 				res.AlreadyQueued++
 				if cl.mine {
 					delete(mine, i)
-					there, thereIn = append(there, ids[k]), append(thereIn, l)
+					there = append(there, ids[k])
 				}
 			case cl.mine:
-			case cl.queued || now-cl.at > claimStale.Milliseconds():
+			case now-cl.at > claimStale.Milliseconds():
 				stale, staleScores = append(stale, ids[k]), append(staleScores, cl.score)
 				waiting, waitingFor = append(waiting, i), append(waitingFor, cl)
 			default:
 				waiting, waitingFor = append(waiting, i), append(waitingFor, cl)
 			}
 		}
-		c.markQueued(ctx, vendor, now, there, thereIn)
+		c.releaseClaims(ctx, vendor, there)
 		if len(stale) > 0 {
 			if err := c.dropStale(ctx, vendor, stale, staleScores); err != nil {
-				return mine, claimedAt, err
+				return mine, err
 			}
 		}
 		idx = waiting
@@ -965,12 +960,12 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		default:
 			select {
 			case <-ctx.Done():
-				return mine, claimedAt, ctx.Err()
+				return mine, ctx.Err()
 			case <-time.After(claimPoll):
 			}
 		}
 	}
-	return mine, claimedAt, nil
+	return mine, nil
 }
 
 // replicated waits until cfg.WaitReplicas replicas hold every write made
