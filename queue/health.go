@@ -20,6 +20,7 @@ type redisHealth struct {
 	log      *slog.Logger
 	down     atomic.Bool // read without mu; written with it
 	heldBack atomic.Int64
+	kept     *redisKept // whether Redis kept its data across a restart; nil: not checked
 
 	mu      sync.Mutex
 	since   time.Time     // when it went down
@@ -48,7 +49,7 @@ func (h *redisHealth) failed(err error) {
 	}
 	h.down.Store(true)
 	h.since, h.up, h.upSince = time.Now(), make(chan struct{}), time.Time{}
-	h.log.Error("Redis does not answer: calls wait for it (nothing is lost, no retry is used); warnings about it are held back until it answers", "err", err)
+	h.log.Error("Redis does not answer: calls wait for it (no retry is used); what it held comes back only if it keeps its data (a Redis without persistence that restarts comes back empty); warnings about it are held back until it answers", "err", err)
 }
 
 // answered records that Redis answered at Redis time now; the end of an
@@ -107,9 +108,10 @@ func (h *redisHealth) quiet(err error) bool {
 // ends (liveness.alive: its heartbeat, which the other workers read to
 // tell a dead worker, see recover.go, and its Redis health check), so
 // that the end of an outage (and one that no operation met) is seen and
-// logged. Calls wait meanwhile (see asDeferral); nothing is lost. On the
-// way out it takes the worker out of the live set: it stopped, it did
-// not die.
+// logged. Calls wait meanwhile (see asDeferral). After an outage, and
+// every keptEvery, it checks that Redis kept its data (redisKept). On
+// the way out it takes the worker out of the live set: it stopped, it
+// did not die.
 func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -118,6 +120,7 @@ func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 	}()
 	t := time.NewTicker(aliveEvery)
 	defer t.Stop()
+	var keptAt time.Time
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		now, err := live.alive(pctx)
@@ -128,7 +131,14 @@ func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 		case err != nil:
 			h.failed(err)
 		default:
+			wasDown := h.down.Load()
 			h.answered(now)
+			if h.kept != nil && (wasDown || time.Since(keptAt) >= keptEvery) {
+				kctx, cancel := context.WithTimeout(ctx, time.Second)
+				h.kept.check(kctx)
+				cancel()
+				keptAt = time.Now()
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -45,6 +45,11 @@ func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + 
 // vendor.
 func aliveKey(prefix string) string { return prefix + ":alive" }
 
+// keptKey is a string without expiry holding the run_id of the Redis
+// server it was written on: a server that restarts without its data has
+// none (see redisKept).
+func keptKey(prefix string) string { return prefix + ":kept" }
+
 // claimsKey is the sorted set of a vendor's call ids claimed lately, and
 // roomKey the room reserved in its queue_limit by enqueues under way
 // (claim.go); both carry the vendor's hash tag.

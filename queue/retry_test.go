@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -77,6 +78,7 @@ func TestWaitOnTheLastRetryIsNotArchived(t *testing.T) {
 		spent   bool // archived after its one retry
 	}{
 		{"call: 500, then a long wait on its last retry", []answer{fail, long}, enqueueCall, false},
+		{"call: 500, then 429s (Retry-After: 1) past its tries in place on its last retry", append([]answer{fail}, slices.Repeat([]answer{short}, 10)...), enqueueCall, false},
 		{"call with MaxRetry(0): a long wait", []answer{long}, func(c *Client, _ *asynq.Client, vendor, id string) error {
 			_, err := c.EnqueueTask(context.Background(), Target{Vendor: vendor}, callTask(vendor, id), asynq.TaskID(id), asynq.MaxRetry(0))
 			return err

@@ -247,6 +247,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 		handlers: map[string]HandlerFunc{},
 	}
 	w.health.log = w.log
+	w.health.kept = newRedisKept(rdb, cfg.KeyPrefix, w.log)
 	w.live = newLiveness(rdb, cfg.KeyPrefix, w.gate.Replica())
 	for _, v := range cfg.Vendors {
 		rt, err := w.newRuntime(v)

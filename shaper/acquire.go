@@ -153,6 +153,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	lined := req.Order > 0 && req.Backlogged != nil && req.Lane == Normal
 	member := ""
 	queued := false // in the bucket's line in Redis
+	joined := false // its place in the line is settled (line.go)
 	if lined {
 		member = b.lineMember(req)
 		defer func() {
@@ -163,13 +164,32 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	}
 	for {
 		b = b.gate.currentOf(l, b) // a respace after a policy change
-		admitted := false
-		if lined && b.inLine(l, clock.Now()) {
+		admitted, rank := false, 0
+		in, check := false, false
+		if lined {
+			in, check = b.inLine(l, clock.Now())
+		}
+		if check {
+			var err error
+			if in, err = b.lookForLine(ctx, l); err != nil {
+				return nil, 0, err
+			}
+		}
+		if in {
 			queued = true
-			if err := b.waitInLine(ctx, l, req, member, &backlogged); err != nil {
+			var err error
+			if rank, err = b.waitInLine(ctx, l, req, member, &backlogged, &joined); err != nil {
 				return nil, 0, err
 			}
 			admitted = true
+			// After a drop, the callers whose ticks were taken find their
+			// place in the line before anyone asks (lineSettle).
+			if wait := b.gate.settling(l, clock.Now()); wait > 0 {
+				if err := clock.Sleep(ctx, wait); err != nil {
+					return nil, 0, err
+				}
+				continue
+			}
 		}
 		if b.policy.MeasureGuard && b.meter.takeRespace() {
 			// The measured guard jumped (a jittery network seen at
@@ -202,12 +222,17 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		}
 		if !r.ok {
 			if lined && r.reason == beyondHorizon {
-				b.gate.lineUp(l, clock.Now())
+				b.gate.lineUp(l, b.name, clock.Now())
 				if !admitted {
 					continue // into the line, at its place
 				}
 			}
 			wait := r.wait
+			if admitted && r.reason == beyondHorizon {
+				// The admitted ask for the ticks that free up next in
+				// the order of the line, one interval apart.
+				wait += time.Duration(rank) * b.interval / time.Duration(max(b.burst, 1))
+			}
 			if r.reason == inFlightFull { // the others come back one tick apart already
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
 			}
@@ -253,7 +278,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		if lined {
 			// Its tick was dropped (a pause, a respace) or given up late:
 			// every replica's callers ask again at once, in the line.
-			b.gate.lineUp(l, clock.Now())
+			b.gate.lineUp(l, b.name, clock.Now())
 		}
 	}
 }

@@ -38,11 +38,12 @@ type Gate struct {
 
 	srv         servers // the run_ids of the servers its groups live on (server.go)
 	mu          sync.Mutex
-	active      map[string]*local // buckets with callers in this process
-	handles     atomic.Uint64     // bucket handles made, to order them
-	edits       atomic.Uint64     // respaces (config edits) so far: the generation of the handles made since (see Bucket.gen)
-	noFunctions atomic.Bool       // the server has no Redis Functions for us: run scripts (functions.go)
-	inLineSeq   atomic.Int64      // callers put in a line without a tag, to name them (line.go)
+	active      map[string]*local    // buckets with callers in this process
+	handles     atomic.Uint64        // bucket handles made, to order them
+	edits       atomic.Uint64        // respaces (config edits) so far: the generation of the handles made since (see Bucket.gen)
+	noFunctions atomic.Bool          // the server has no Redis Functions for us: run scripts (functions.go)
+	inLineSeq   atomic.Int64         // callers put in a line without a tag, to name them (line.go)
+	lineSeen    map[string]time.Time // buckets whose line this process saw lately, and when (line.go; under mu)
 
 	testNow        func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
 	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed

@@ -163,6 +163,15 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 	clock := gate.clock
 	h := &holder{lane: req.Lane, cost: req.Cost, g: g, ok: true}
 	gate.mu.Lock()
+	if l.respacedAt.After(g.sent) {
+		// A respace was heard while the grant was on its way: drop it
+		// now, with the others (dropHolders), not at its tick.
+		gate.mu.Unlock()
+		if err := b.giveUp(ctx, g.r.lease, gaveUpDropped, g.r.tick, req.Cost); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
 	l.holding = append(l.holding, h)
 	l.sortHolding()
 	if req.Lane == High {

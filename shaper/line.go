@@ -49,7 +49,14 @@ const (
 	// heard a Pub/Sub message later), and those a moment late must find
 	// their place before the head is granted (well within respaceSlack,
 	// before the first tick at the new spacing).
-	lineSettle = 30 * time.Millisecond
+	lineSettle = 100 * time.Millisecond
+	// lineMemory is how long a process that saw a bucket's line looks
+	// for it again (every lineRecheck at most) before its callers ask the
+	// gate directly: a replica whose callers all left while its queue
+	// was paused would otherwise have its next ones take the ticks the
+	// line's head is about to ask for.
+	lineMemory  = time.Minute
+	lineRecheck = 100 * time.Millisecond
 	// lineMaxSleep bounds a caller's wait between two asks of the line.
 	lineMaxSleep = time.Second
 	// lineKeep is how long the line's keys outlive its last ask.
@@ -117,48 +124,99 @@ func (b *Bucket) lineMember(req Request) string {
 // the line now: a backlog or a drop was seen within lineLinger, or more
 // of its callers are asking than the line admits at once (a run of calls
 // taken from the queue together, which would otherwise be granted in
-// the order they happen to ask). g.mu is not held.
-func (b *Bucket) inLine(l *local, now time.Time) bool {
+// the order they happen to ask); or whether it must look (check): the
+// process saw the bucket's line within lineMemory but not lately, and a
+// line may have formed meanwhile (its callers left while the queue was
+// paused, and the other replicas' callers wait in line).
+func (b *Bucket) inLine(l *local, now time.Time) (in, check bool) {
 	iv, burst, _, _ := b.spacing()
 	g := b.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return now.Before(l.lineUntil) || l.callers-len(l.holding) > lineAdmit(iv, burst)
+	if now.Before(l.lineUntil) || l.callers-len(l.holding) > lineAdmit(iv, burst) {
+		return true, false
+	}
+	seen, ok := g.lineSeen[b.name]
+	return false, ok && now.Sub(seen) < lineMemory && now.Sub(l.lineChecked) >= lineRecheck
 }
 
 // lineUp makes the process send the bucket's callers through the line
 // for lineLinger from now.
-func (g *Gate) lineUp(l *local, now time.Time) {
+func (g *Gate) lineUp(l *local, name string, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if until := now.Add(lineLinger); until.After(l.lineUntil) {
 		l.lineUntil = until
 	}
+	g.sawLine(name, now)
+}
+
+// sawLine records that bucket name had a line at now, forgetting the
+// buckets whose line was seen longer than lineMemory ago. g.mu is held.
+func (g *Gate) sawLine(name string, now time.Time) {
+	if g.lineSeen == nil {
+		g.lineSeen = map[string]time.Time{}
+	}
+	if _, ok := g.lineSeen[name]; !ok && len(g.lineSeen) >= 64 {
+		for k, t := range g.lineSeen {
+			if now.Sub(t) >= lineMemory {
+				delete(g.lineSeen, k)
+			}
+		}
+	}
+	g.lineSeen[name] = now
+}
+
+// settling is how long callers admitted from the bucket's line wait
+// before they ask: the rest of lineSettle after a drop.
+func (g *Gate) settling(l *local, now time.Time) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return l.settleUntil.Sub(now)
+}
+
+// lookForLine asks Redis whether the bucket has callers in line, and
+// sends the process's callers to it if so.
+func (b *Bucket) lookForLine(ctx context.Context, l *local) (bool, error) {
+	n, err := b.gate.rdb.ZCard(ctx, b.keys.line).Result()
+	if err != nil {
+		return false, fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
+	}
+	now := b.gate.clock.Now()
+	b.gate.mu.Lock()
+	l.lineChecked = now
+	b.gate.mu.Unlock()
+	if n > 0 {
+		b.gate.lineUp(l, b.name, now)
+	}
+	return n > 0, nil
 }
 
 // waitInLine puts the caller in the bucket's line and returns once it is
 // among the first lineAdmit, telling req.Backlogged once when its place
 // is further than maxWait.
-func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told *bool) error {
+//
+// joined says whether the caller was in the line before (its place is
+// settled); it returns the caller's rank among those admitted.
+func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told, joined *bool) (int, error) {
 	iv, burst, _, _ := b.spacing()
 	admit := lineAdmit(iv, burst)
-	joined := false // asked the line once: its place is settled
 	for {
 		// While callers wait in line, the process's new callers join it.
-		b.gate.lineUp(l, b.gate.clock.Now())
+		b.gate.lineUp(l, b.name, b.gate.clock.Now())
 		res, err := lineScript.Run(ctx, b.gate.rdb, []string{b.keys.line, b.keys.lineDue}, b.gate.redisNow(), member, req.Order,
 			admit, iv.Microseconds(), lineGrace.Microseconds(), lineMaxSleep.Microseconds(), lineKeep.Milliseconds()).Int64Slice()
 		if err != nil {
-			return fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
+			return 0, fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
 		}
 		rank, sleep := res[0], time.Duration(res[1])*time.Microsecond
 		if rank < int64(admit) {
-			if joined {
-				return nil
+			if *joined {
+				return int(rank), nil
 			}
 			sleep = lineSettle
 		}
-		joined = true
+		*joined = true
 		ahead := time.Duration(rank-int64(admit)+1) * iv / time.Duration(max(burst, 1))
 		if req.MaxWait > 0 && ahead > req.MaxWait && req.Backlogged != nil && !*told {
 			*told = true
@@ -168,7 +226,7 @@ func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member s
 			req.Waited(Wait{For: sleep, Binding: BoundBacklog})
 		}
 		if err := b.gate.clock.Sleep(ctx, sleep); err != nil {
-			return err
+			return 0, err
 		}
 	}
 }

@@ -28,6 +28,8 @@ type local struct {
 	batching    bool          // a batch is on its way to Redis (its runner hands on)
 	holding     []*holder     // callers holding a granted tick, in the order of their ticks (see hold.go)
 	lineUntil   time.Time     // local time until which callers with an Order go through the line (line.go)
+	lineChecked time.Time     // when a caller last looked for the line in Redis (line.go)
+	settleUntil time.Time     // callers admitted from the line wait until then after a drop (line.go)
 }
 
 // enter registers a caller of bucket and returns the bucket's local state.
@@ -62,10 +64,12 @@ func (g *Gate) notePause(bucket string, until time.Time) {
 	if l, ok := g.active[bucket]; ok && until.After(l.pausedUntil) {
 		l.pausedUntil = until
 		l.dropHolders(func(h *holder) bool { return h.g.tick.Before(until) })
+		l.settleUntil = g.clock.Now().Add(lineSettle)
 		// Callers come back from the pause together: in the line.
 		if after := until.Add(lineLinger); after.After(l.lineUntil) {
 			l.lineUntil = after
 		}
+		g.sawLine(bucket, until)
 		if g.testNotedPause != nil {
 			g.testNotedPause(bucket, until)
 		}
@@ -109,6 +113,10 @@ func (g *Gate) noteRespace(bucket string, at time.Time) {
 	if l, ok := g.active[bucket]; ok && at.After(l.respacedAt) {
 		l.respacedAt = at
 		l.dropHolders(func(h *holder) bool { return h.g.sent.Before(at) })
+		l.settleUntil = at.Add(lineSettle)
+		if after := at.Add(lineLinger); after.After(l.lineUntil) {
+			l.lineUntil = after
+		}
 	}
 }
 
