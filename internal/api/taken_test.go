@@ -280,3 +280,25 @@ func TestGetAndDeleteNameTheVendor(t *testing.T) {
 		t.Errorf("GET twice once one is cancelled: %d %s, want the other vendor's call", a.status, a.body)
 	}
 }
+
+// TestPostRefusedWholeWhenAVendorIsFull: a body for two vendors whose
+// second vendor's queue has no room for its calls is refused whole (429,
+// Retry-After, every line not queued, the error naming the vendor), and
+// nothing of it is queued, the first vendor's calls included.
+func TestPostRefusedWholeWhenAVendorIsFull(t *testing.T) {
+	s := newTwoVendors(t, [2]int{100, 3}, nil)
+	if _, err := s.plain.EnqueueBatch(context.Background(), s.names[1], []queue.Call{{ID: "f1", Path: "/f"}, {ID: "f2", Path: "/f"}}); err != nil {
+		t.Fatal(err)
+	}
+	at := []int{0, 0, 1, 1}
+	a := do(t, "POST", s.url+"/v1/calls", "application/x-ndjson", "", s.body(at...))
+	acc := s.checkTaken(t, a, at)
+	if a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") == "" || !strings.Contains(acc.Error, s.names[1]) || acc.Enqueued != 0 {
+		t.Errorf("%d %s, want 429 with Retry-After naming %s, nothing queued", a.status, a.body, s.names[1])
+	}
+	for _, cs := range acc.Calls {
+		if cs.State != queue.StateNotQueued || cs.Error == "" {
+			t.Errorf("line %d: %+v, want not queued, with the error", cs.Line, cs)
+		}
+	}
+}
