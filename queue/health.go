@@ -121,6 +121,7 @@ func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 	t := time.NewTicker(aliveEvery)
 	defer t.Stop()
 	var keptAt time.Time
+	keptDue := false
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		now, err := live.alive(pctx)
@@ -133,9 +134,9 @@ func watchRedis(ctx context.Context, live *liveness, h *redisHealth) {
 		default:
 			wasDown := h.down.Load()
 			h.answered(now)
-			if h.kept != nil && (wasDown || time.Since(keptAt) >= keptEvery) {
+			if h.kept != nil && (wasDown || keptDue || time.Since(keptAt) >= keptEvery) {
 				kctx, cancel := context.WithTimeout(ctx, time.Second)
-				h.kept.check(kctx)
+				keptDue = !h.kept.check(kctx) // again at the next beat (a Redis still loading its data)
 				cancel()
 				keptAt = time.Now()
 			}
