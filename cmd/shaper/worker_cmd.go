@@ -79,6 +79,7 @@ queue.`,
 				if err := checkEviction(ctx, rdb, allowEviction, log); err != nil {
 					return err
 				}
+				checkPersistence(ctx, rdb, log)
 			}
 			wc, err := cfg.WorkerConfig()
 			if err != nil {
