@@ -61,6 +61,9 @@ queues nothing twice.`,
 						return err
 					}
 					res, err := c.EnqueueBatch(ctx, vendor, cf.calls)
+					if err != nil && res.Enqueued+res.AlreadyQueued > 0 {
+						return partlyQueued(cf, vendor, res, err)
+					}
 					if err != nil {
 						return badLines(cf.name, err)
 					}
@@ -155,6 +158,26 @@ func readCalls(cmd *cobra.Command, file, account string, cost int, priority stri
 
 // badLines reports the bad lines of a call file, up to 50, as name:line:
 // reasons; other errors pass through.
+// partlyQueued says what an enqueue that stopped half way took:
+// the counts, and the lines not queued.
+func partlyQueued(cf callFile, vendor string, res queue.BatchResult, err error) error {
+	var b strings.Builder
+	n := 0
+	for i, bc := range res.Calls {
+		if bc.State != queue.StateNotQueued {
+			continue
+		}
+		if n++; n <= 20 {
+			fmt.Fprintf(&b, "\n%s:%d: not queued: %v", cf.name, queue.LineOf(cf.calls[i]), bc.Err)
+		}
+	}
+	if n > 20 {
+		fmt.Fprintf(&b, "\n... and %d more", n-20)
+	}
+	return fmt.Errorf("enqueued %d, already queued %d, on vendor %s; %d line(s) not queued: %w (a line with an id can be enqueued again safely: if it was queued, it is not queued twice)%s",
+		res.Enqueued, res.AlreadyQueued, vendor, n, err, b.String())
+}
+
 func badLines(name string, err error) error {
 	var b strings.Builder
 	n := 0
