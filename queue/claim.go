@@ -50,7 +50,8 @@ const (
 	// script's arguments stay well under Lua's unpack limit).
 	chunkSize = 1000
 	// roomKeep is how long a reservation of room holds unless renewed
-	// (a batch renews it at each chunk) or released.
+	// (a long request renews those of the vendors it has still to queue,
+	// between chunks, every quarter of it) or released.
 	roomKeep = time.Minute
 )
 

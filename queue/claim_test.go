@@ -498,3 +498,34 @@ func TestClaimsAreLetGo(t *testing.T) {
 		t.Errorf("old is in lanes %v, want [normal]", got)
 	}
 }
+
+// TestRoomReservation: room reserved by one enqueue counts for the next
+// until it is released; a renewal keeps a live reservation and says when
+// one has lapsed.
+func TestRoomReservation(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("reserve", policy(10), 5, http.NotFoundHandler())
+	c := e.newClient()
+	ctx := context.Background()
+	vend, _ := c.vendor(v)
+	r1, err := c.reserve(ctx, vend, 3)
+	if err != nil || r1 == nil {
+		t.Fatalf("reserve 3 of 5: %v, %v", r1, err)
+	}
+	if _, err := c.reserve(ctx, vend, 3); !errors.Is(err, ErrQueueFull) || !strings.Contains(err.Error(), "3 being queued by other requests") {
+		t.Errorf("reserve 3 more while 3 are held: %v, want ErrQueueFull naming the 3 held", err)
+	}
+	if err := c.renew(ctx, r1); err != nil {
+		t.Errorf("renew a held reservation: %v", err)
+	}
+	c.release(ctx, r1)
+	if err := c.renew(ctx, r1); err == nil {
+		t.Error("renew a released reservation: no error")
+	}
+	r2, err := c.reserve(ctx, vend, 5)
+	if err != nil {
+		t.Fatalf("reserve 5 of 5 once released: %v", err)
+	}
+	c.release(ctx, r2)
+}

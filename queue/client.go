@@ -735,12 +735,16 @@ func (c *Client) enqueueGroups(ctx context.Context, calls []Call, groups []vendo
 			return res.failed(err)
 		}
 	}
+	renewed := time.Now()
 	for g, grp := range groups {
 		for start := 0; start < len(grp.idx); start += chunkSize {
-			if start > 0 {
-				if err := c.renew(ctx, held[g]); err != nil {
-					return res.failed(err)
+			if time.Since(renewed) > roomKeep/4 { // a long request: keep the room of the vendors still to come
+				for _, r := range held[g:] {
+					if err := c.renew(ctx, r); err != nil {
+						return res.failed(err)
+					}
 				}
+				renewed = time.Now()
 			}
 			if err := c.enqueueChunk(ctx, grp.vendor, calls, grp.idx[start:min(start+chunkSize, len(grp.idx))], &res); err != nil {
 				return res.failed(err)
