@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // Persistence is what a Redis keeps across a restart: queued calls live
@@ -22,7 +24,10 @@ type Persistence struct {
 	AppendFsync string
 	// Save is the RDB save points ("" none); meaningful when SaveKnown.
 	Save string
-	// SaveKnown: CONFIG GET answered (a managed Redis may refuse CONFIG).
+	// SaveKnown: CONFIG GET answered. It is asked only as the default
+	// user: a least-privilege user (queue.ACLRules) may not run CONFIG,
+	// and a refusal would fill the ACL log; a managed Redis may refuse it
+	// too.
 	SaveKnown bool
 	// Server names the server read (a Cluster's worst master).
 	Server string
@@ -30,16 +35,19 @@ type Persistence struct {
 
 // ReadPersistence reads the persistence of the Redis behind rdb (every
 // master of a Cluster, returning the one that keeps least): aof_enabled
-// from INFO persistence, which needs no CONFIG permission, and the save
-// points and appendfsync from CONFIG GET when it is allowed.
+// from INFO persistence, which needs no CONFIG permission, and, as the
+// default user only, the save points and appendfsync from CONFIG GET.
 func ReadPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistence, error) {
-	read := func(ctx context.Context, c redis.UniversalClient, server string) (Persistence, error) {
+	read := func(ctx context.Context, c redis.UniversalClient, server, user string) (Persistence, error) {
 		p := Persistence{Server: server}
 		info, err := c.Info(ctx, "persistence").Result()
 		if err != nil {
 			return p, fmt.Errorf("queue: read Redis persistence (INFO persistence) from %s: %w", server, err)
 		}
 		p.AOF = infoField(info, "aof_enabled") == "1"
+		if user != "" && user != "default" {
+			return p, nil
+		}
 		if m, err := c.ConfigGet(ctx, "save").Result(); err == nil {
 			p.Save, p.SaveKnown = strings.TrimSpace(m["save"]), true
 		}
@@ -53,7 +61,7 @@ func ReadPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistenc
 		var worst Persistence
 		first := true
 		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			p, err := read(ctx, n, serverName(n))
+			p, err := read(ctx, n, serverName(n), n.Options().Username)
 			if err == nil && (first || p.keeps() < worst.keeps()) {
 				worst, first = p, false
 			}
@@ -61,9 +69,9 @@ func ReadPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistenc
 		})
 		return worst, err
 	case *redis.Client:
-		return read(ctx, c, serverName(c))
+		return read(ctx, c, serverName(c), c.Options().Username)
 	default:
-		return read(ctx, rdb, "Redis")
+		return read(ctx, rdb, "Redis", "?")
 	}
 }
 
@@ -93,7 +101,7 @@ func (p Persistence) Risk() string {
 	case p.AOF:
 		return ""
 	case !p.SaveKnown:
-		return fmt.Sprintf("%s has no append-only file (appendonly no) and its RDB save points cannot be read (CONFIG GET refused): a restart or crash loses every call queued since the last snapshot, or all of them without snapshots; %s", p.Server, fix)
+		return fmt.Sprintf("%s has no append-only file (appendonly no; its RDB save points were not read: CONFIG is for the default user): a restart or crash loses every call queued since the last snapshot, or all of them without snapshots; %s", p.Server, fix)
 	case p.Save == "":
 		return fmt.Sprintf("%s has no persistence (appendonly no, no RDB save points): a restart or crash loses every queued call; %s", p.Server, fix)
 	default:
@@ -134,7 +142,7 @@ func newRedisKept(rdb redis.UniversalClient, prefix string, log *slog.Logger) *r
 func (k *redisKept) check(ctx context.Context) bool {
 	info, err := k.rdb.Info(ctx, "server").Result()
 	if err != nil {
-		return false
+		return !shaper.Unavailable(err) // INFO refused (an ACL, the embedded Redis): nothing to compare
 	}
 	now := infoField(info, "run_id")
 	if now == "" {
@@ -144,10 +152,10 @@ func (k *redisKept) check(ctx context.Context) bool {
 	switch {
 	case errors.Is(err, redis.Nil):
 		if err := k.rdb.SetNX(ctx, k.key, now, 0).Err(); err != nil {
-			return false
+			return !shaper.Unavailable(err)
 		}
 	case err != nil:
-		return false
+		return !shaper.Unavailable(err) // LOADING: ask again at the next beat
 	}
 	before := k.runID
 	k.runID = now
