@@ -85,6 +85,9 @@ type Request struct {
 	// each asks (see line.go). Used with Backlogged; the high lane skips
 	// the line.
 	Order int64
+	// Horizon, when set and shorter than the policy's, is how far ahead a
+	// tick may be reserved for this call (the line's, see line.go).
+	Horizon time.Duration
 	// Fence, when set, is asked just before the permit is handed out,
 	// with the tick in Redis time: a job runner whose other replicas may
 	// have judged it dead, and given its call to another, says no, and
@@ -153,7 +156,6 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 	lined := req.Order > 0 && req.Backlogged != nil && req.Lane == Normal
 	member := ""
 	queued := false // in the bucket's line in Redis
-	joined := false // its place in the line is settled (line.go)
 	if lined {
 		member = b.lineMember(req)
 		defer func() {
@@ -178,7 +180,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		if in {
 			queued = true
 			var err error
-			if rank, err = b.waitInLine(ctx, l, req, member, &backlogged, &joined); err != nil {
+			if rank, err = b.waitInLine(ctx, l, req, member, &backlogged); err != nil {
 				return nil, 0, err
 			}
 			admitted = true
@@ -189,6 +191,11 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 					return nil, 0, err
 				}
 				continue
+			}
+			// The admitted ask one after the other, in the line's order,
+			// not all at the moment they were let in.
+			if err := clock.Sleep(ctx, time.Duration(rank)*b.interval/lineStagger); err != nil {
+				return nil, 0, err
 			}
 		}
 		if b.policy.MeasureGuard && b.meter.takeRespace() {
@@ -201,11 +208,19 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		var r reservation
 		var sent, recv time.Time
 		var err error
-		if b.batchable(req) {
+		ask := req
+		if admitted {
+			// A caller from the line holds its tick for no longer than
+			// lineHorizon: one that wakes late and asks again (or the
+			// holder that gives it its tick) goes behind at most
+			// lineHorizon's worth of calls.
+			ask.Horizon = lineHorizon
+		}
+		if b.batchable(ask) {
 			if err := ctx.Err(); err != nil {
 				return nil, 0, err
 			}
-			r, sent, recv, err = b.gate.askBatched(ctx, l, b, req)
+			r, sent, recv, err = b.gate.askBatched(ctx, l, b, ask)
 		} else {
 			select {
 			case l.asking <- struct{}{}:
@@ -213,7 +228,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 				return nil, 0, ctx.Err()
 			}
 			sent = clock.Now()
-			r, err = b.reserve(ctx, req)
+			r, err = b.reserve(ctx, ask)
 			recv = clock.Now()
 			<-l.asking
 		}

@@ -43,12 +43,14 @@ const (
 	// again and still hold its place (a caller that asks later takes it
 	// back by its order).
 	lineGrace = 500 * time.Millisecond
-	// lineSettle is how long a caller that finds itself at the head of the
-	// line on joining it waits before it asks the gate: callers of every
-	// replica come back together after a drop or a pause (a respace is
-	// heard a Pub/Sub message later), and those a moment late must find
-	// their place before the head is granted (well within respaceSlack,
-	// before the first tick at the new spacing).
+	// lineSettle is how long callers admitted from the line wait before
+	// they ask the gate when many join it at once: after a drop or a
+	// pause, callers of every replica come back together (a respace is
+	// heard a Pub/Sub message later), and when a process starts on a
+	// bucket, its callers took a run of calls from the queue together;
+	// those a moment late must find their place before the head is
+	// granted (within respaceSlack, before the first tick at the new
+	// spacing).
 	lineSettle = 100 * time.Millisecond
 	// lineMemory is how long a process that saw a bucket's line looks
 	// for it again (every lineRecheck at most) before its callers ask the
@@ -57,6 +59,15 @@ const (
 	// line's head is about to ask for.
 	lineMemory  = time.Minute
 	lineRecheck = 100 * time.Millisecond
+	// lineHorizon is the horizon of a caller admitted from the line (see
+	// Request.Horizon): a tick given up late costs one call (its process's
+	// newest holder, or itself) a move of at most lineHorizon's worth of
+	// calls. It still covers a stall of a quarter second of the callers
+	// that ask.
+	lineHorizon = 250 * time.Millisecond
+	// lineStagger: the callers admitted together ask an interval over
+	// lineStagger apart, in the line's order.
+	lineStagger = 8
 	// lineMaxSleep bounds a caller's wait between two asks of the line.
 	lineMaxSleep = time.Second
 	// lineKeep is how long the line's keys outlive its last ask.
@@ -195,10 +206,8 @@ func (b *Bucket) lookForLine(ctx context.Context, l *local) (bool, error) {
 // waitInLine puts the caller in the bucket's line and returns once it is
 // among the first lineAdmit, telling req.Backlogged once when its place
 // is further than maxWait.
-//
-// joined says whether the caller was in the line before (its place is
-// settled); it returns the caller's rank among those admitted.
-func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told, joined *bool) (int, error) {
+// It returns the caller's rank among those admitted.
+func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told *bool) (int, error) {
 	iv, burst, _, _ := b.spacing()
 	admit := lineAdmit(iv, burst)
 	for {
@@ -211,12 +220,8 @@ func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member s
 		}
 		rank, sleep := res[0], time.Duration(res[1])*time.Microsecond
 		if rank < int64(admit) {
-			if *joined {
-				return int(rank), nil
-			}
-			sleep = lineSettle
+			return int(rank), nil
 		}
-		*joined = true
 		ahead := time.Duration(rank-int64(admit)+1) * iv / time.Duration(max(burst, 1))
 		if req.MaxWait > 0 && ahead > req.MaxWait && req.Backlogged != nil && !*told {
 			*told = true

@@ -38,7 +38,9 @@ func (g *Gate) enter(bucket string) *local {
 	defer g.mu.Unlock()
 	l, ok := g.active[bucket]
 	if !ok {
-		l = &local{asking: make(chan struct{}, maxAsking)}
+		// Its callers may have taken a run of calls together: any that
+		// go through the line find their places first (line.go).
+		l = &local{asking: make(chan struct{}, maxAsking), settleUntil: g.clock.Now().Add(lineSettle)}
 		g.active[bucket] = l
 	}
 	l.callers++

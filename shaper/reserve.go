@@ -1066,6 +1066,10 @@ func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, 
 func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	p := b.policy
 	iv, burst, guard, _ := b.spacing()
+	var horizon time.Duration // the batch's: the longest of its calls'
+	for _, r := range reqs {
+		horizon = max(horizon, b.horizonOf(r))
+	}
 	var tags strings.Builder
 	for _, r := range reqs {
 		tags.WriteString(r.Tag)
@@ -1073,10 +1077,19 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Server: runOf(server), Tags: tags.String(), Mine: b.mine(iv.Microseconds(), burst),
-		Policy: fmt.Sprintf("%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s", iv.Microseconds(), burst, p.Horizon.Microseconds(),
+		Policy: fmt.Sprintf("%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s", iv.Microseconds(), burst, horizon.Microseconds(),
 			b.keep.Microseconds(), replicaLive.Microseconds(), b.tickLog(), (p.Limits[0].Window + guard).Microseconds(),
 			p.Limits[0].Window.Microseconds(), p.Limits[0].Rate, tagKeep.Microseconds(), b.member),
 	}
+}
+
+// horizonOf is how far ahead a tick may be reserved for req: the
+// policy's Horizon, or the request's when shorter.
+func (b *Bucket) horizonOf(req Request) time.Duration {
+	if req.Horizon > 0 && req.Horizon < b.policy.Horizon {
+		return req.Horizon
+	}
+	return b.policy.Horizon
 }
 
 // reserveArgs builds the reserve script's arguments for one call.
@@ -1086,7 +1099,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 	cfg := ra.Cfg
 	iv, burst, guard, _ := b.spacing()
 	args := reserveArgs{
-		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: p.Horizon.Microseconds(),
+		Now: b.gate.redisNow(), Interval: iv.Microseconds(), Burst: burst, Horizon: b.horizonOf(req).Microseconds(),
 		MaxInFlight: p.MaxInFlight, LeaseTTL: p.LeaseTTL.Microseconds(), Lease: lease,
 		Span: (p.Limits[0].Window + guard).Microseconds(), ReplicaLive: replicaLive.Microseconds(),
 		Keep: b.keep.Microseconds(), Member: b.member,
