@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build test test-redis test-browser test-nginx test-examples test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
+.PHONY: bench-order build test test-redis test-browser test-nginx test-examples test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -139,6 +139,17 @@ bench-learn:
 	$(GO) test -count=1 -p 1 -parallel 9 -timeout 20m -v -run $(LEARN_RUNS) ./shaper ./queue > learn.txt || (tail -50 learn.txt; exit 1)
 	$(GO) run ./bench -learn learn.txt -out docs -learn-command "make bench-learn"
 
+# The order calls start in under load (docs/results.md): 3 workers drain
+# 1,500 calls queued in order at 100/s to a fixed-window vendor, steady
+# and with the rate edited 100 -> 60 -> 100 and one 429, beside two
+# CPU-bound processes (yes, stopped with the run). Asserts safety (no
+# vendor window over its limit, no call twice); logs how far calls
+# started from their enqueue order. About a minute.
+bench-order:
+	@yes > /dev/null & a=$$!; yes > /dev/null & b=$$!; \
+	$(GO) test -tags orderbar -count=1 -v -run '^TestOrderBar$$' ./queue > order.txt 2>&1; rc=$$?; \
+	kill $$a $$b; grep -v '^    worker_test' order.txt; rm -f order.txt; exit $$rc
+
 # What serving 200 idle vendors costs in Redis commands/s, goroutines and
 # CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).
 bench-idle:
@@ -155,6 +166,7 @@ lint:
 	$(GO) vet -tags browser ./cmd/shaper
 	$(GO) vet -tags nginx ./internal/nginxtest
 	$(GO) vet -tags examples ./internal/api
+	$(GO) vet -tags orderbar ./queue
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags browser ./cmd/shaper
 	$(STATICCHECK) -tags nginx ./internal/nginxtest
