@@ -139,12 +139,12 @@ func startShaper(t *testing.T, env []string, args ...string) (cmd *exec.Cmd, out
 
 // TestEmbeddedRedisSaysWhatItIs: a second worker joining the embedded
 // Redis of a first says whose it is and that it is not durable; when the
-// first worker dies (SIGKILL), the second worker and `shaper serve`, which
-// used its Redis, stop with an error naming that worker's PID and address
-// and saying the queued calls are lost, instead of dialling a dead port;
-// no line says nothing is lost; an enqueue afterwards says the same; and
-// after a clean stop of a worker running the embedded Redis, an enqueue
-// says when it stopped.
+// first worker dies (SIGKILL), the second worker, `shaper serve` and
+// `shaper ui`, which used its Redis, stop with an error naming that
+// worker's PID and address and saying the queued calls are lost, instead
+// of dialling a dead port; no line says nothing is lost; an enqueue
+// afterwards says the same; and after a clean stop of a worker running
+// the embedded Redis, an enqueue says when it stopped.
 func TestEmbeddedRedisSaysWhatItIs(t *testing.T) {
 	t.Parallel()
 	env := []string{"XDG_RUNTIME_DIR=" + t.TempDir()}
@@ -161,7 +161,9 @@ func TestEmbeddedRedisSaysWhatItIs(t *testing.T) {
 		t.Errorf("the joining worker does not say whose Redis it joined (%s) and that it stops with it:\n%s", pid, wout)
 	}
 	serve, sout, serveExited := startShaper(t, env, "serve", "--config", cfg, "--addr", "127.0.0.1:0")
-	waitUntil(t, 20*time.Second, "serve to start", func() bool { return strings.Contains(sout.String(), "127.0.0.1:") })
+	pageURL(t, sout)
+	page, pout, pageExited := startShaper(t, env, "ui", "--config", cfg, "--addr", "127.0.0.1:0")
+	pageURL(t, pout)
 	if out, err := runShaperEnv(t, env, "enqueue", "--config", cfg, "--vendor", "emb", "--path", "/x"); err != nil {
 		t.Fatalf("enqueue on the embedded Redis: %v\n%s", err, out)
 	}
@@ -176,7 +178,7 @@ func TestEmbeddedRedisSaysWhatItIs(t *testing.T) {
 		cmd    *exec.Cmd
 		out    *logtest.Buffer
 		exited <-chan struct{}
-	}{{"the second worker", second, wout, workerExited}, {"serve", serve, sout, serveExited}} {
+	}{{"the second worker", second, wout, workerExited}, {"serve", serve, sout, serveExited}, {"ui", page, pout, pageExited}} {
 		select {
 		case <-p.exited:
 			if p.cmd.ProcessState.Success() {
