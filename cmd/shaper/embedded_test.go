@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/embedded"
 	"github.com/shaper-dev/shaper/internal/logtest"
 	"github.com/shaper-dev/shaper/internal/redistest"
 	"github.com/shaper-dev/shaper/internal/vendorsim"
@@ -113,6 +114,53 @@ func TestEmbeddedAddrFileIsPrivate(t *testing.T) {
 	}
 	if _, err := embeddedAddrFile(cfg.Path); err == nil || !strings.Contains(err.Error(), "writable by group or others") || !strings.Contains(err.Error(), filepath.Dir(file)) {
 		t.Errorf("a directory of mode 0777: err = %v", err)
+	}
+}
+
+// TestJoinedClientEndsWhenTheEmbeddedRedisIsGone: in process, connect
+// joins the embedded Redis a record names; once that Redis stops and the
+// process that ran it is gone, the context connect returned ends, and
+// embeddedGone names the worker's PID and address; stop returns.
+func TestJoinedClientEndsWhenTheEmbeddedRedisIsGone(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	cfg, err := config.Load(writeConfig(t, "", "emb", "http://127.0.0.1:1", 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := exec.Command("true") // a PID that ran and is gone
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := embedded.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	file, err := embeddedAddrFile(cfg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := m.Addr()
+	if err := writeEmbedded(file, embeddedRecord{Addr: addr, PID: gone.Process.Pid, Config: cfg.Path}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, rdb, stop, err := connect(context.Background(), cfg, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	select {
+	case <-ctx.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the context still runs 20 s after the embedded Redis stopped")
+	}
+	err = embeddedGone(ctx)
+	if err == nil || !strings.Contains(err.Error(), "worker PID "+strconv.Itoa(gone.Process.Pid)+" at "+addr+" is gone") {
+		t.Errorf("embeddedGone = %v", err)
 	}
 }
 
