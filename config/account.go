@@ -231,6 +231,9 @@ func checkBaseURL(raw string, perAccount bool) error {
 		if err := checkAccountPlace(raw); err != nil {
 			return err
 		}
+		if _, err := vendorclients.AccountBaseURL(raw, sampleAccount); errors.Is(err, vendorclients.ErrBadPath) {
+			return fmt.Errorf("a \".\" or \"..\" segment in the path: every call's URL would leave the account's path; write the path without them")
+		}
 		s = strings.ReplaceAll(raw, accountRef, sampleAccount)
 	}
 	if ph := placeholder.FindString(s); ph != "" {

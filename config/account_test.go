@@ -148,6 +148,9 @@ func TestBaseURLAccount(t *testing.T) {
 		{"https://api.example/{}", "{} is not a placeholder"},
 		{"api.example/{account}", "absolute http:// or https:// URL once {account} is replaced"},
 		{"https://{account}_x.api.example/", "it must be the whole label"},
+		{"https://api.example/a/../stores/{account}", `a "." or ".." segment in the path`},
+		{"https://api.example/stores/{account}/./api", `a "." or ".." segment in the path`},
+		{"https://{account}.api.example/v1/../v2", `a "." or ".." segment in the path`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
