@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -276,6 +277,34 @@ func TestEmbeddedRedisSaysWhatItIs(t *testing.T) {
 	out, err = runShaperEnv(t, env, "enqueue", "--config", cfg, "--vendor", "emb", "--path", "/x")
 	if err == nil || !strings.Contains(out, "the embedded Redis of worker PID "+strconv.Itoa(again.Process.Pid)) || !strings.Contains(out, "it stopped with that worker at ") {
 		t.Errorf("enqueue after a clean stop: %v\n%s", err, out)
+	}
+}
+
+// TestEmbeddedWorkerSaysQueuedCallsAreLost: a worker running the
+// embedded Redis, stopped with SIGTERM while calls are still queued (a
+// vendor at 1 call per second, 10 calls), says how many calls are lost
+// with its Redis rather than only that they go back to the queue.
+func TestEmbeddedWorkerSaysQueuedCallsAreLost(t *testing.T) {
+	t.Parallel()
+	env := []string{"XDG_RUNTIME_DIR=" + t.TempDir()}
+	srv := httptest.NewServer(&vendorsim.Mock{Rate: 1, Window: time.Second})
+	defer srv.Close()
+	cfg := writeConfig(t, "", "slow", srv.URL, 1)
+	w, out, exited := startShaper(t, env, "worker", "--config", cfg)
+	waitUntil(t, 20*time.Second, "the worker to start the embedded Redis", func() bool { return strings.Contains(out.String(), "NOT durable") })
+	cmd := exec.Command(shaperBin(t), "enqueue", "--config", cfg, "--vendor", "slow", "--file", "-")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(jobLines("slow", 10))
+	if o, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, o)
+	}
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	m := regexp.MustCompile(`the calls still queued in it are lost .* calls=(\d+)`).FindStringSubmatch(out.String())
+	if m == nil || m[1] == "0" {
+		t.Errorf("the worker does not say that the calls queued in its embedded Redis are lost:\n%s", out)
 	}
 }
 

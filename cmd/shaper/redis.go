@@ -19,6 +19,7 @@ import (
 	"github.com/shaper-dev/shaper/internal/embedded"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/queue"
 )
 
 // embeddedRecord is what a worker running the embedded Redis for a
@@ -198,6 +199,7 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 	addr := cfg.Redis.Addr
 	stop := func() {}
 	var joined *embeddedRecord
+	owned := false
 	if cfg.Redis.Embedded() {
 		file, err := embeddedAddrFile(cfg.Path)
 		if err != nil {
@@ -227,7 +229,7 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 				m.Close()
 				return nil, nil, nil, err
 			}
-			addr = own.Addr
+			addr, owned = own.Addr, true
 			log.Warn("redis.addr is empty: running an embedded in-process Redis. It is NOT durable (queued calls are lost when this worker stops, also for the workers, serve and ui that join it) and only serves this machine; set redis.addr for production",
 				"addr", addr, "addr_file", file)
 			stop = func() {
@@ -258,7 +260,13 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 		return nil, nil, nil, fmt.Errorf("cannot reach Redis at %s: %v (is it running? check redis.addr or SHAPER_REDIS_ADDR)", addr, err)
 	}
 	if joined == nil {
-		return ctx, rdb, func() { rdb.Close(); stop() }, nil
+		return ctx, rdb, func() {
+			if owned {
+				lostWithEmbedded(cfg, rdb, log)
+			}
+			rdb.Close()
+			stop()
+		}, nil
 	}
 	wctx, cancelGone := context.WithCancelCause(ctx)
 	watchCtx, stopWatch := context.WithCancel(wctx)
@@ -276,6 +284,25 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 		cancelGone(nil)
 		rdb.Close()
 	}, nil
+}
+
+// lostWithEmbedded says, as the worker running the embedded Redis stops
+// (its calls in flight finished or back in their queues), how many calls
+// are still queued in it: they go with it.
+func lostWithEmbedded(cfg *config.Config, rdb redis.UniversalClient, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c := queue.NewClient(rdb, cfg.ClientConfig())
+	defer c.Close()
+	var n int64
+	for _, v := range cfg.VendorNames() {
+		if w, err := c.Waiting(ctx, v); err == nil {
+			n += w
+		}
+	}
+	if n > 0 {
+		log.Warn("the embedded Redis stops with this worker: the calls still queued in it are lost (it is not durable; use a real Redis, redis.addr, for anything that matters)", "calls", n)
+	}
 }
 
 // embeddedCheckEvery is how often a process on another worker's embedded
