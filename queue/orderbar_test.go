@@ -45,7 +45,9 @@ func TestOrderBar(t *testing.T) {
 				}
 				vend.ServeHTTP(w, r)
 			})
-			policy := func(rate int) shaper.Policy { return shaper.Policy{Limits: []shaper.Limit{{Rate: rate, Window: time.Second}}} }
+			policy := func(rate int) shaper.Policy {
+				return shaper.Policy{Limits: []shaper.Limit{{Rate: rate, Window: time.Second}}}
+			}
 			vendor := e.vendor("order", policy(100), 0, h)
 			c := e.newClient()
 			const n = 1500

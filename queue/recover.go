@@ -196,7 +196,8 @@ func (w *Worker) recoverDead(ctx context.Context) {
 }
 
 // giveBack requeues dead worker s's calls whose tick came after it
-// could last have sent one, in every vendor of this worker.
+// could last have sent one, and those waiting in a bucket's line (no
+// tick yet), in every vendor of this worker.
 func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
 	after := s.lastSeen.Add(startedWithin)
 	// The newest lease the dead worker can have given its calls: one
@@ -234,6 +235,31 @@ func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
 		if err := bucket.Untag(ctx, done...); err != nil {
 			w.log.Debug("could not release a dead worker's held calls", "vendor", rt.vendor.Name, "err", err)
 		}
+		// Its calls waiting in the bucket's line were granted no tick:
+		// none started. (A per-account vendor's lines are its accounts':
+		// those come back by their lease, sweepStale.)
+		lined, err := bucket.Lined(ctx)
+		if err != nil {
+			continue
+		}
+		var unlined []string
+		for _, m := range lined {
+			worker, task := taskOfTag(m)
+			if worker != s.worker {
+				continue
+			}
+			ok, err := requeueHeld(ctx, w.rdb, task, maxLease)
+			if err != nil {
+				break
+			}
+			unlined = append(unlined, m)
+			if ok {
+				back++
+			} else {
+				gone++
+			}
+		}
+		_ = bucket.Unline(ctx, unlined...)
 	}
 	if back > 0 {
 		w.log.Info(fmt.Sprintf("a worker went silent %s ago: %d of its calls that had not started are back in their queues (calls that may have started come back when asynq's lease expires)",

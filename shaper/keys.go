@@ -90,6 +90,10 @@ type bucketKeys struct {
 	// (µs); both expire soon after the last caller in line asked (see
 	// line.go).
 	line, lineDue string
+	// lineGone is a sorted set of the calls that left the line for not
+	// asking again when due, scored by when (µs); entries leave it after
+	// lineGoneKeep.
+	lineGone string
 	// start is a string, the moment the bucket's last call started (µs),
 	// for a bucket spaced by actual starts (see startLua); it expires a
 	// window after that start.
@@ -107,7 +111,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 		ticks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"), start: b("start"),
-		line: b("line"), lineDue: b("line_due"),
+		line: b("line"), lineDue: b("line_due"), lineGone: b("line_gone"),
 	}
 }
 

@@ -72,16 +72,25 @@ const (
 	lineMaxSleep = time.Second
 	// lineKeep is how long the line's keys outlive its last ask.
 	lineKeep = 10 * time.Second
+	// lineGoneKeep is how long a call that left the line for not coming
+	// back is remembered (a live worker gives a dead one's back sooner).
+	lineGoneKeep = time.Minute
 )
 
 // lineScript puts a caller in its bucket's line (or refreshes its place)
 // and says whether it may ask the gate now.
 //
-// KEYS[1] line (call -> order), KEYS[2] lineDue (call -> due, µs).
+// A call that did not come back when due leaves the line for lineGone
+// (call -> when, µs), kept for lineGoneKeep: its worker may have died,
+// and a live one gives it back to its queue from there (Bucket.Lined).
+//
+// KEYS[1] line (call -> order), KEYS[2] lineDue (call -> due, µs),
+// KEYS[3] lineGone.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] the call, ARGV[3]
 // its order, ARGV[4] how many at the head may ask the gate (admit),
 // ARGV[5] the bucket's interval (µs), ARGV[6] grace (µs), ARGV[7] the
-// longest sleep (µs), ARGV[8] the keys' expiry (ms).
+// longest sleep (µs), ARGV[8] the keys' expiry (ms), ARGV[9] how long
+// lineGone keeps a call (µs).
 // Returns {rank, sleep}: its rank in line (0 first); sleep 0 when rank <
 // admit (ask the gate now), else how long to wait before asking the line
 // again (µs).
@@ -95,12 +104,18 @@ local a_interval = tonumber(ARGV[5])
 local a_grace = tonumber(ARGV[6])
 local a_max_sleep = tonumber(ARGV[7])
 local a_keep = tonumber(ARGV[8])
+local a_gone_keep = tonumber(ARGV[9])
+local k_gone = KEYS[3]
 local now = now_us()
 local gone = redis.call('ZRANGEBYSCORE', k_due, '-inf', '(' .. string.format('%d', now), 'LIMIT', 0, 500)
 if #gone > 0 then
   redis.call('ZREM', k_line, unpack(gone))
   redis.call('ZREM', k_due, unpack(gone))
+  for _, m in ipairs(gone) do redis.call('ZADD', k_gone, string.format('%d', now), m) end
+  redis.call('ZREMRANGEBYSCORE', k_gone, '-inf', '(' .. string.format('%d', now - a_gone_keep))
+  redis.call('PEXPIRE', k_gone, math.ceil(a_gone_keep / 1000))
 end
+redis.call('ZREM', k_gone, a_call)
 redis.call('ZADD', k_line, a_order, a_call)
 local rank = redis.call('ZRANK', k_line, a_call)
 local sleep = 0
@@ -213,8 +228,8 @@ func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member s
 	for {
 		// While callers wait in line, the process's new callers join it.
 		b.gate.lineUp(l, b.name, b.gate.clock.Now())
-		res, err := lineScript.Run(ctx, b.gate.rdb, []string{b.keys.line, b.keys.lineDue}, b.gate.redisNow(), member, req.Order,
-			admit, iv.Microseconds(), lineGrace.Microseconds(), lineMaxSleep.Microseconds(), lineKeep.Milliseconds()).Int64Slice()
+		res, err := lineScript.Run(ctx, b.gate.rdb, []string{b.keys.line, b.keys.lineDue, b.keys.lineGone}, b.gate.redisNow(), member, req.Order,
+			admit, iv.Microseconds(), lineGrace.Microseconds(), lineMaxSleep.Microseconds(), lineKeep.Milliseconds(), lineGoneKeep.Microseconds()).Int64Slice()
 		if err != nil {
 			return 0, fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -245,6 +260,44 @@ func (b *Bucket) leaveLine(ctx context.Context, member string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("shaper: leave the line of %q: %w", b.name, unavailable(ctx, err))
+	}
+	return nil
+}
+
+// Lined returns the members (Request.Tag, where set) of the calls
+// waiting in the bucket's line: calls not granted a tick, which a job
+// runner may give back when the worker that holds them died.
+//
+// It counts those that left the line lately for not coming back when due
+// (their callers may have died).
+func (b *Bucket) Lined(ctx context.Context) ([]string, error) {
+	var in, gone *redis.StringSliceCmd
+	_, err := b.gate.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		in = p.ZRange(ctx, b.keys.line, 0, -1)
+		gone = p.ZRange(ctx, b.keys.lineGone, 0, -1)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))
+	}
+	return append(in.Val(), gone.Val()...), nil
+}
+
+// Unline takes members out of the bucket's line.
+func (b *Bucket) Unline(ctx context.Context, members ...string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	_, err := b.gate.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, m := range members {
+			p.ZRem(ctx, b.keys.line, m)
+			p.ZRem(ctx, b.keys.lineDue, m)
+			p.ZRem(ctx, b.keys.lineGone, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("shaper: take calls out of the line of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil
 }
