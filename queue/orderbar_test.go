@@ -73,6 +73,7 @@ func TestOrderBar(t *testing.T) {
 			}
 			waitFor(t, 3*time.Minute, "every call", func() bool { return vend.Summarize().DistinctKeys == n })
 			reqs := vend.Requests()
+			rate := float64(len(reqs)-1) / reqs[len(reqs)-1].At.Sub(reqs[0].At).Seconds()
 			largest, far := 0, 0
 			var pos int
 			for _, r := range reqs {
@@ -88,8 +89,8 @@ func TestOrderBar(t *testing.T) {
 				pos++
 			}
 			s, st := vend.Summarize(), e.stats(vendor)
-			t.Logf("%s: %d calls, 3 workers: most in one vendor window %d (limit 100), %d sent twice; largest move %d places, %d (%.1f%%) moved more than 5; %d ticks given up late, %d dropped",
-				name, n, s.MaxPerWindow, s.DuplicateKeys, largest, far, 100*float64(far)/n, st.Late, st.Dropped)
+			t.Logf("%s: %d calls, 3 workers: most in one vendor window %d (limit 100), %d sent twice; largest move %d places, %d (%.1f%%) moved more than 5; %d ticks given up late, %d dropped; %.1f calls/s from the first to the last",
+				name, n, s.MaxPerWindow, s.DuplicateKeys, largest, far, 100*float64(far)/n, st.Late, st.Dropped, rate)
 			if s.MaxPerWindow > 100 || s.DuplicateKeys > 0 {
 				t.Errorf("%d calls in one vendor window (limit 100), %d sent twice", s.MaxPerWindow, s.DuplicateKeys)
 			}
