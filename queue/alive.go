@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,12 +19,6 @@ type liveness struct {
 	key    string       // the sorted set: worker -> Redis time last heard (µs)
 	worker string       // this worker (its gate's replica id: no "|")
 	now    func() int64 // tests: Redis time (µs); nil: Redis TIME
-
-	mu sync.Mutex
-	// The last heartbeat Redis recorded (Redis time) and when it came
-	// back (local clock); gapEnd is the first heartbeat after a silence
-	// long enough for the others to judge this worker dead (see fence.go).
-	last, lastLocal, gapEnd time.Time
 }
 
 // newLiveness returns the liveness of worker under the key prefix.
@@ -71,29 +64,7 @@ func (l *liveness) alive(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("queue: say the worker is alive: %w", err)
 	}
-	t := time.UnixMicro(now)
-	l.mu.Lock()
-	if !l.last.IsZero() && t.Sub(l.last) >= judgedAfter {
-		l.gapEnd = t
-	}
-	if t.After(l.last) {
-		l.last, l.lastLocal = t, time.Now()
-	}
-	l.mu.Unlock()
-	return t, nil
-}
-
-// heard returns the last heartbeat Redis recorded (Redis time), Redis
-// time now as this worker reckons it (that heartbeat moved on by the
-// local clock), and the end of the latest silence after which the
-// others may have judged this worker dead (zero: none).
-func (l *liveness) heard() (last, now, gapEnd time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.last.IsZero() {
-		return time.Time{}, time.Time{}, l.gapEnd
-	}
-	return l.last, l.last.Add(time.Since(l.lastLocal)), l.gapEnd
+	return time.UnixMicro(now), nil
 }
 
 // leave takes this worker out of the set: it stopped, and is not dead to

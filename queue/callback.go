@@ -300,7 +300,7 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, t *asynq.
 		attempts = DefaultCallbackAttempts
 	}
 	ctx = context.WithoutCancel(ctx)
-	delivery := traced(ctx, asynq.NewTask(TypeCallback, payload)) // the delivery joins the call's trace
+	delivery := traced(ctx, asynq.NewTask(TypeCallback, payload), &w.stamps) // the delivery joins the call's trace
 	// Redis may be failing over: try for as long as asynq's lease lets
 	// the call's end be recorded, then leave it to the call being run
 	// again.
@@ -564,10 +564,12 @@ func (w *Worker) ApplyCallbacks(cfg CallbackConfig) (notes []string, err error) 
 	old := w.callbackConfig()
 	notes = callbackChanges(old, cfg)
 	cfg.Allow, cfg.Receivers = slices.Clone(cfg.Allow), slices.Clone(cfg.Receivers)
+	prev := s.cfg.Load()
 	s.cfg.Store(&cfg)
 	if s.running {
 		if err := w.startDeliveriesLocked(); err != nil {
-			return notes, err
+			s.cfg.Store(prev) // the last good [callbacks] stay in force
+			return nil, err
 		}
 	}
 	return notes, nil

@@ -91,9 +91,9 @@ func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor strin
 		}
 		err = insp.DeleteTask(q, id)
 		if err == nil {
-			// The id is free again: a post of it now, in either lane,
-			// queues it without waiting for its claim to lapse.
-			c.releaseClaims(ctx, vendor, []string{id})
+			// The id is free again: its claim went when the call was
+			// queued (only a claim's maker lets it go; a claim dropped
+			// here could be another request's, made since).
 			return c.cancelled(ctx, vendor, lane, info)
 		}
 		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {

@@ -165,9 +165,9 @@ type ClientConfig struct {
 	// ([callbacks] allow); with none, a call with a callback is refused.
 	CallbackAllow []string
 	// Gate, when set, is the gate on rdb, of KeyPrefix, that the client
-	// plans per-account backlogs with; nil makes one. Each new gate adds
-	// a hook to rdb (shaper.NewGate): a process that makes a client per
-	// config reload shares one gate among them.
+	// plans per-account backlogs with; nil makes one. A process that
+	// makes a client per config reload shares one gate among them (a gate
+	// keeps what it learned of the servers).
 	Gate *shaper.Gate
 }
 
@@ -179,6 +179,7 @@ type Client struct {
 	cfg     ClientConfig
 	gate    *shaper.Gate // plans per-account backlogs
 	signals signaller    // tells workers which vendors have work
+	stamps  stamper      // the calls' enqueue stamps
 }
 
 // NewClient returns a client on rdb. Close it when done; it never closes
@@ -228,29 +229,6 @@ func (c *Client) vendor(name string) (Vendor, error) {
 func (c *Client) Waiting(ctx context.Context, vendor string) (int64, error) {
 	st, err := readQueueStats(ctx, c.rdb, vendor, queueCounts)
 	return st.Pending + st.Active + st.Scheduled + st.Retry, err
-}
-
-// Room checks that n more calls fit in the vendor's queue_limit now. It
-// is a look, not a promise: the enqueues reserve their room themselves
-// (see EnqueueCalls), so that enqueues side by side never pass
-// queue_limit together.
-func (c *Client) Room(ctx context.Context, vendor string, n int) error {
-	v, err := c.vendor(vendor)
-	if err != nil {
-		return err
-	}
-	if v.QueueLimit <= 0 {
-		return nil
-	}
-	waiting, err := c.Waiting(ctx, vendor)
-	if err != nil {
-		return err
-	}
-	if waiting+int64(n) > int64(v.QueueLimit) {
-		return fmt.Errorf("%w: %s has %d of %d (queue_limit) waiting, and %d more do not fit; wait for the queue to drain or raise queue_limit",
-			ErrQueueFull, vendor, waiting, v.QueueLimit, n)
-	}
-	return nil
 }
 
 // Enqueue validates call and queues it on its vendor, returning the task
@@ -425,13 +403,11 @@ func splitOptions(opts []asynq.Option) (callOptions, []asynq.Option) {
 // lane, as a call's id does: a task whose id the vendor holds in either
 // lane is ErrDuplicate, one another enqueue is queueing ErrInProgress.
 func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
-	id, lane := "", shaper.Normal
-	for _, o := range opts {
+	co, rest := splitOptions(opts)
+	id, lane := "", co.lane
+	for _, o := range rest {
 		if o.Type() == asynq.TaskIDOpt {
 			id, _ = o.Value().(string)
-		}
-		if l, ok := o.(laneOption); ok {
-			lane = shaper.Lane(l)
 		}
 	}
 	if id == "" {
@@ -459,11 +435,7 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 		return nil, res.Calls[0].Err
 	}
 	info, err := c.enqueueTask(ctx, to, t, opts...)
-	if err != nil && !errors.Is(err, ErrDuplicate) {
-		c.releaseClaims(ctx, to.Vendor, []string{id})
-		return nil, err
-	}
-	c.releaseClaims(ctx, to.Vendor, []string{id}) // the task holds its id now
+	c.releaseClaims(ctx, to.Vendor, []string{id}) // queued (the task holds its id), a duplicate, or not queued
 	if err != nil {
 		return nil, err
 	}
@@ -503,7 +475,7 @@ func (c *Client) enqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	if rebuilt {
 		t, all = withRetryHeadroom(t, all) // a deferral always finds a retry left (retry.go)
 	}
-	info, err := c.aq.EnqueueContext(ctx, traced(ctx, t), all...)
+	info, err := c.aq.EnqueueContext(ctx, traced(ctx, t, &c.stamps), all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil, fmt.Errorf("%w (%s)", ErrDuplicate, to.Vendor)
 	}

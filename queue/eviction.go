@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,12 +27,15 @@ var ErrEvictingRedis = errors.New("queue: Redis evicts keys without an expiry wh
 // a nil error, for the caller to warn about.
 func EvictionPolicy(ctx context.Context, rdb redis.UniversalClient) (string, error) {
 	var worst, where string
+	var mu sync.Mutex // ForEachMaster calls check on every master at once
 	check := func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil {
 			return fmt.Errorf("queue: read maxmemory-policy (INFO memory) from %s: %w", serverName(c), err)
 		}
 		p := infoField(info, "maxmemory_policy")
+		mu.Lock()
+		defer mu.Unlock()
 		if rank(p) > rank(worst) {
 			worst, where = p, serverName(c)
 		}

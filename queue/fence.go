@@ -113,10 +113,10 @@ type fenceRun struct {
 func (w *Worker) newFenceRun(ctx context.Context) *fenceRun {
 	q, ok1 := asynq.GetQueueName(ctx)
 	id, ok2 := asynq.GetTaskID(ctx)
-	if !ok1 || !ok2 || w.live == nil {
+	if !ok1 || !ok2 {
 		return nil
 	}
-	_, now, _ := w.live.heard()
+	_, now, _ := w.health.heard()
 	if now.IsZero() { // no heartbeat yet: the local clock is the best guess
 		now = time.Now()
 	}
@@ -173,7 +173,7 @@ func (w *Worker) fence(f *fenceRun) func(context.Context, time.Time) error {
 		return nil
 	}
 	return func(ctx context.Context, tick time.Time) error {
-		last, _, gapEnd := w.live.heard()
+		last, _, gapEnd := w.health.heard()
 		if !tick.After(last.Add(startedWithin)) && !f.unsure(gapEnd) {
 			return nil // the common call: no round trip
 		}
@@ -186,7 +186,7 @@ func (w *Worker) fence(f *fenceRun) func(context.Context, time.Time) error {
 			return fmt.Errorf("queue: call %s waits for Redis before it starts (this worker may be judged dead meanwhile): %w: %w", f.id, shaper.ErrUnavailable, err)
 		}
 		w.health.answered(now)
-		last, _, gapEnd = w.live.heard()
+		last, _, gapEnd = w.health.heard()
 		if f.unsure(gapEnd) {
 			c, err := f.check(ctx, w.rdb, gapEnd)
 			if err != nil {
@@ -217,7 +217,7 @@ func (w *Worker) settle(ctx context.Context, f *fenceRun, err error) (again bool
 	if f == nil {
 		return false, err
 	}
-	_, _, gapEnd := w.live.heard()
+	_, _, gapEnd := w.health.heard()
 	if !errors.Is(err, errGivenBack) && !f.unsure(gapEnd) {
 		return false, err
 	}

@@ -26,8 +26,10 @@ type redisHealth struct {
 	since   time.Time     // when it went down
 	up      chan struct{} // closed when it answers again; nil while up
 	upSince time.Time     // Redis time of the first answer since it last went down (zero: none yet)
-	// The latest answer's Redis time, and when (local clock) it came.
-	lastRedis, lastLocal time.Time
+	// The latest answer's Redis time (a heartbeat Redis recorded), and
+	// when (local clock) it came; gapEnd is the first answer after a
+	// silence long enough for the others to judge this worker dead.
+	lastRedis, lastLocal, gapEnd time.Time
 }
 
 // answering returns since when (Redis time) Redis has answered without
@@ -37,6 +39,19 @@ func (h *redisHealth) answering() (since, now time.Time, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.upSince, h.lastRedis.Add(time.Since(h.lastLocal)), !h.down.Load() && !h.upSince.IsZero()
+}
+
+// heard returns the last heartbeat Redis recorded (Redis time), Redis
+// time now as this worker reckons it (that heartbeat moved on by the
+// local clock; zero before the first), and the end of the latest silence
+// after which the others may have judged this worker dead (zero: none).
+func (h *redisHealth) heard() (last, now, gapEnd time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastRedis.IsZero() {
+		return time.Time{}, time.Time{}, h.gapEnd
+	}
+	return h.lastRedis, h.lastRedis.Add(time.Since(h.lastLocal)), h.gapEnd
 }
 
 // failed records that Redis did not answer; the first failure of an
@@ -60,7 +75,12 @@ func (h *redisHealth) answered(now time.Time) {
 	if h.upSince.IsZero() {
 		h.upSince = now
 	}
-	h.lastRedis, h.lastLocal = now, time.Now()
+	if !h.lastRedis.IsZero() && now.Sub(h.lastRedis) >= judgedAfter {
+		h.gapEnd = now // the others may have judged this worker dead (fence.go)
+	}
+	if now.After(h.lastRedis) {
+		h.lastRedis, h.lastLocal = now, time.Now()
+	}
 	if !h.down.Load() {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,8 +61,11 @@ func ReadPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistenc
 	case *redis.ClusterClient:
 		var worst Persistence
 		first := true
+		var mu sync.Mutex // ForEachMaster calls fn on every master at once
 		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 			p, err := read(ctx, n, serverName(n), n.Options().Username)
+			mu.Lock()
+			defer mu.Unlock()
 			if err == nil && (first || p.keeps() < worst.keeps()) {
 				worst, first = p, false
 			}

@@ -136,54 +136,54 @@ if v and string.sub(v, 1, #by_shaper) == by_shaper then
 end
 return 0`)
 
-// queuePauses reads asynq's paused keys of the vendor's queues (both
-// lanes): those shaper paused, and those paused otherwise (an operator).
-func (w *Worker) queuePauses(ctx context.Context, rt *vendorRuntime) (byShaper, byOther []string, err error) {
+// queuePauses reads, in one round trip, shaper's mark of the vendor's
+// pause (markKey: the lanes it paused, "" without one) and asynq's paused
+// keys of the vendor's queues (both lanes): those shaper paused, and
+// those paused otherwise (an operator).
+func (w *Worker) queuePauses(ctx context.Context, rt *vendorRuntime, markKey string) (lanes string, byShaper, byOther []string, err error) {
 	qs := []string{rt.queue, rt.high}
 	cmds := make([]*redis.StringCmd, len(qs))
 	pipe := w.rdb.Pipeline()
+	mark := pipe.Get(ctx, markKey)
 	for i, q := range qs {
 		cmds[i] = pipe.Get(ctx, asynqKey(q, "paused"))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return nil, nil, err
+		return "", nil, nil, err
+	}
+	if lanes, err = mark.Result(); err == redis.Nil {
+		lanes, err = "", nil
+	}
+	if err != nil {
+		return "", nil, nil, err
 	}
 	for i, c := range cmds {
 		v, err := c.Result()
 		switch {
 		case err == redis.Nil:
 		case err != nil:
-			return nil, nil, err
+			return "", nil, nil, err
 		case strings.HasPrefix(v, pausedByShaper):
 			byShaper = append(byShaper, qs[i])
 		default:
 			byOther = append(byOther, qs[i])
 		}
 	}
-	return byShaper, byOther, nil
+	return lanes, byShaper, byOther, nil
 }
 
 func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems *problemLog, waits *waitLog, others *otherPauseLog) error {
 	key := queuePausedKey(w.cfg.KeyPrefix, rt.vendor.Name)
-	lanes, err := w.rdb.Get(ctx, key).Result()
-	if err == redis.Nil {
-		lanes, err = "", nil
-	}
+	lanes, held, other, err := w.queuePauses(ctx, rt, key)
 	problems.check("reading whether the vendor's queue is paused", err)
 	if err != nil {
 		return err
 	}
-	held, other, err := w.queuePauses(ctx, rt)
-	problems.check("reading whether the vendor's queue is paused", err)
-	if err != nil {
-		return err
-	}
+	others.check(other) // an operator's pause is theirs: said, never undone
 	if lanes == "" && len(held) == 0 {
 		rt.pausedHere.Store(false)
-		others.check(other)
 		return nil
 	}
-	others.check(nil)
 	rt.pausedHere.Store(true) // paused (here or by a replica that may be gone): watch it closely
 	st, err := rt.bucket().Stats(ctx)
 	problems.check("reading the vendor's gate", err)
@@ -198,23 +198,13 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	// first, so a replica pausing anew while this one unpauses either
 	// finds the mark (and pauses nothing more) or marks after it is
 	// gone; either way no queue stays paused with no one to unpause it,
-	// since a queue shaper paused is unpaused here whatever its mark. The
-	// mark's lanes are unpaused whoever paused them (a replica of an
-	// earlier shaper paused with asynq's PauseQueue); without a mark,
-	// only the queues shaper paused. One key a call: each queue has a
-	// hash tag of its own.
-	if lanes != "" {
-		for _, q := range pausedQueues(rt, lanes) {
-			if err = w.rdb.Del(ctx, asynqKey(q, "paused")).Err(); err != nil {
-				break
-			}
-		}
-	}
+	// since a queue shaper paused is unpaused here whatever its mark.
+	// Only the queues shaper paused: an operator's pause of a lane in the
+	// mark stays. One key a call: each queue has a hash tag of its own.
 	for _, q := range held {
-		if err != nil {
+		if err = unpauseScript.Run(ctx, w.rdb, []string{asynqKey(q, "paused")}, pausedByShaper).Err(); err != nil {
 			break
 		}
-		err = unpauseScript.Run(ctx, w.rdb, []string{asynqKey(q, "paused")}, pausedByShaper).Err()
 	}
 	if err == nil && lanes != "" {
 		err = w.rdb.Del(ctx, key).Err()

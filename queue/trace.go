@@ -69,12 +69,13 @@ const (
 	outcomeFailed   = "failed"   // failed for good
 )
 
-// traced returns t carrying the time now and ctx's trace context, if it
+// traced returns t carrying its enqueue stamp (from stamps) and ctx's
+// trace context, if it
 // holds one, in its headers. A task of the user's own type without a
 // span context is t itself: a task rebuilt with headers loses the options
 // given to asynq.NewTask (asynq cannot read them back), so it is rebuilt
 // only when there is a trace to carry.
-func traced(ctx context.Context, t *asynq.Task) *asynq.Task {
+func traced(ctx context.Context, t *asynq.Task, stamps *stamper) *asynq.Task {
 	if t.Type() != TypeCall && t.Type() != TypeCallback && !trace.SpanContextFromContext(ctx).IsValid() {
 		return t
 	}
@@ -85,23 +86,21 @@ func traced(ctx context.Context, t *asynq.Task) *asynq.Task {
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		traceW3C.Inject(ctx, propagation.MapCarrier(h))
 	}
-	h[enqueuedHeader] = strconv.FormatInt(enqueueStamp(), 10)
+	h[enqueuedHeader] = strconv.FormatInt(stamps.next(), 10)
 	return asynq.NewTaskWithHeaders(t.Type(), t.Payload(), h)
 }
 
-// lastStamp is the last enqueue stamp this process gave (Unix µs).
-var lastStamp atomic.Int64
+// stamper gives enqueue stamps (Unix µs), each later than the one
+// before: the calls of one batch, queued within a microsecond of each
+// other, keep their order in the bucket's line (shaper.Request.Order).
+type stamper struct{ last atomic.Int64 }
 
-// enqueueStamp is a task's enqueue time in Unix µs, later than every
-// stamp this process gave before: the calls of one batch, queued within
-// a microsecond of each other, keep their order in the bucket's line
-// (shaper.Request.Order).
-func enqueueStamp() int64 {
+func (s *stamper) next() int64 {
 	now := time.Now().UnixMicro()
 	for {
-		last := lastStamp.Load()
+		last := s.last.Load()
 		next := max(now, last+1)
-		if lastStamp.CompareAndSwap(last, next) {
+		if s.last.CompareAndSwap(last, next) {
 			return next
 		}
 	}
@@ -120,11 +119,10 @@ func orderOf(t *asynq.Task) int64 {
 // enqueuedAt is when t was queued, by the enqueuer's clock; zero for a
 // task queued by a version of shaper that did not say.
 func enqueuedAt(t *asynq.Task) time.Time {
-	us, err := strconv.ParseInt(t.Headers()[enqueuedHeader], 10, 64)
-	if err != nil {
-		return time.Time{}
+	if us := orderOf(t); us > 0 {
+		return time.UnixMicro(us).UTC()
 	}
-	return time.UnixMicro(us).UTC()
+	return time.Time{}
 }
 
 // run is the span of one run of a task; its zero value (not recording)

@@ -157,9 +157,11 @@ type Worker struct {
 	cfg  WorkerConfig
 	gate *shaper.Gate
 	live *liveness // the live workers, this one among them (alive.go)
-	insp *asynq.Inspector
-	aq   *asynq.Client // queues callback deliveries
-	log  *slog.Logger
+	// stamps are the enqueue stamps of the callback deliveries it queues.
+	stamps stamper
+	insp   *asynq.Inspector
+	aq     *asynq.Client // queues callback deliveries
+	log    *slog.Logger
 	// transport is the HTTP transport NewWorker made (nil when the
 	// config gave one): Run closes its idle connections when it returns.
 	transport *http.Transport

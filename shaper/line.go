@@ -97,6 +97,7 @@ const (
 var lineScript = redis.NewScript(nowLua + `
 local k_line = KEYS[1]
 local k_due = KEYS[2]
+local k_gone = KEYS[3]
 local a_call = ARGV[2]
 local a_order = tonumber(ARGV[3])
 local a_admit = tonumber(ARGV[4])
@@ -105,7 +106,6 @@ local a_grace = tonumber(ARGV[6])
 local a_max_sleep = tonumber(ARGV[7])
 local a_keep = tonumber(ARGV[8])
 local a_gone_keep = tonumber(ARGV[9])
-local k_gone = KEYS[3]
 local now = now_us()
 local gone = redis.call('ZRANGEBYSCORE', k_due, '-inf', '(' .. string.format('%d', now), 'LIMIT', 0, 500)
 if #gone > 0 then
@@ -171,10 +171,24 @@ func (b *Bucket) inLine(l *local, now time.Time) (in, check bool) {
 func (g *Gate) lineUp(l *local, name string, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if until := now.Add(lineLinger); until.After(l.lineUntil) {
+	g.lineUpLocked(l, name, now)
+}
+
+// lineUpLocked is lineUp with g.mu held, from the moment from.
+func (g *Gate) lineUpLocked(l *local, name string, from time.Time) {
+	if until := from.Add(lineLinger); until.After(l.lineUntil) {
 		l.lineUntil = until
 	}
-	g.sawLine(name, now)
+	g.sawLine(name, from)
+}
+
+// lineAfterDrop: the bucket's holders lost their ticks at now to a
+// pause or a respace, and ask again from until, together, in the line;
+// the admitted wait lineSettle for them to find their places. g.mu is
+// held.
+func (g *Gate) lineAfterDrop(l *local, name string, now, until time.Time) {
+	l.settleUntil = now.Add(lineSettle)
+	g.lineUpLocked(l, name, until)
 }
 
 // sawLine records that bucket name had a line at now, forgetting the

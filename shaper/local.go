@@ -66,12 +66,7 @@ func (g *Gate) notePause(bucket string, until time.Time) {
 	if l, ok := g.active[bucket]; ok && until.After(l.pausedUntil) {
 		l.pausedUntil = until
 		l.dropHolders(func(h *holder) bool { return h.g.tick.Before(until) })
-		l.settleUntil = g.clock.Now().Add(lineSettle)
-		// Callers come back from the pause together: in the line.
-		if after := until.Add(lineLinger); after.After(l.lineUntil) {
-			l.lineUntil = after
-		}
-		g.sawLine(bucket, until)
+		g.lineAfterDrop(l, bucket, g.clock.Now(), until)
 		if g.testNotedPause != nil {
 			g.testNotedPause(bucket, until)
 		}
@@ -115,10 +110,7 @@ func (g *Gate) noteRespace(bucket string, at time.Time) {
 	if l, ok := g.active[bucket]; ok && at.After(l.respacedAt) {
 		l.respacedAt = at
 		l.dropHolders(func(h *holder) bool { return h.g.sent.Before(at) })
-		l.settleUntil = at.Add(lineSettle)
-		if after := at.Add(lineLinger); after.After(l.lineUntil) {
-			l.lineUntil = after
-		}
+		g.lineAfterDrop(l, bucket, at, at)
 	}
 }
 

@@ -156,8 +156,6 @@ func readCalls(cmd *cobra.Command, file, account string, cost int, priority stri
 	return callFile{name: name, calls: calls}, nil
 }
 
-// badLines reports the bad lines of a call file, up to 50, as name:line:
-// reasons; other errors pass through.
 // partlyQueued says what an enqueue that stopped half way took:
 // the counts, and the lines not queued.
 func partlyQueued(cf callFile, vendor string, res queue.BatchResult, err error) error {
@@ -178,6 +176,8 @@ func partlyQueued(cf callFile, vendor string, res queue.BatchResult, err error) 
 		res.Enqueued, res.AlreadyQueued, vendor, n, err, b.String())
 }
 
+// badLines reports the bad lines of a call file, up to 50, as name:line:
+// reasons; other errors pass through.
 func badLines(name string, err error) error {
 	var b strings.Builder
 	n := 0

@@ -273,7 +273,7 @@ func connect(ctx context.Context, cfg *config.Config, startEmbedded bool, log *s
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := watchEmbedded(watchCtx, *joined, cfg.Path, embeddedCheckEvery); err != nil {
+		if err := watchEmbedded(watchCtx, rdb, *joined, cfg.Path, embeddedCheckEvery); err != nil {
 			log.Error(err.Error())
 			cancelGone(err)
 		}
@@ -314,7 +314,7 @@ const embeddedCheckEvery = time.Second
 // answer, and its address file says it stopped (or names another one),
 // or the worker that ran it no longer runs. A worker that is only slow
 // (or stopped with SIGSTOP) is waited for.
-func watchEmbedded(ctx context.Context, rec embeddedRecord, cfgPath string, every time.Duration) error {
+func watchEmbedded(ctx context.Context, rdb redis.UniversalClient, rec embeddedRecord, cfgPath string, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -323,7 +323,10 @@ func watchEmbedded(ctx context.Context, rec embeddedRecord, cfgPath string, ever
 			return nil
 		case <-t.C:
 		}
-		if ping(ctx, rec.Addr) == nil || ctx.Err() != nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := rdb.Ping(pctx).Err() // through the process's client: a pooled connection
+		cancel()
+		if err == nil || ctx.Err() != nil {
 			continue
 		}
 		file, err := embeddedAddrFile(cfgPath)

@@ -148,8 +148,7 @@ func servePage(addr, flag string, src *pageSource, rdb redis.UniversalClient, fl
 
 // pageSource is the live page's ui.Source: the stats report and explain
 // of the config in force, which SetConfig replaces. Its one gate serves
-// every client it makes: a gate adds a hook to rdb (shaper.NewGate), so
-// a gate per reload would pile them up for the life of the process.
+// every client it makes (a gate keeps what it learned of the servers).
 type pageSource struct {
 	rdb  redis.UniversalClient
 	gate *shaper.Gate
