@@ -23,12 +23,36 @@ import (
 type simClock struct {
 	mu       sync.Mutex
 	now      time.Time
-	sleepers map[chan struct{}]time.Time
+	sleepers map[chan struct{}]sleeper
 	late     func() time.Duration
 }
 
+// sleeper is one caller's sleep: its end and its context. A sleep whose
+// context ended (a holder moved to another tick, a drop) no longer
+// counts as asleep, though its goroutine has not yet run to say so:
+// time must not move on while that caller is about to act.
+type sleeper struct {
+	until time.Time
+	ctx   context.Context
+}
+
 func newSimClock(at time.Time) *simClock {
-	return &simClock{now: at, sleepers: map[chan struct{}]time.Time{}}
+	return &simClock{now: at, sleepers: map[chan struct{}]sleeper{}}
+}
+
+// asleep is how many sleepers still sleep, and the earliest end among
+// them. c.mu is held.
+func (c *simClock) asleep() (n int, next time.Time) {
+	for _, s := range c.sleepers {
+		if s.ctx.Err() != nil {
+			continue
+		}
+		n++
+		if next.IsZero() || s.until.Before(next) {
+			next = s.until
+		}
+	}
+	return n, next
 }
 
 func (c *simClock) Now() time.Time {
@@ -47,7 +71,7 @@ func (c *simClock) Sleep(ctx context.Context, d time.Duration) error {
 	if c.late != nil {
 		until = until.Add(c.late())
 	}
-	c.sleepers[done] = until
+	c.sleepers[done] = sleeper{until, ctx}
 	c.mu.Unlock()
 	select {
 	case <-done:
@@ -70,7 +94,7 @@ func (c *simClock) step(t *testing.T, live func() int, at func(now time.Time)) b
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c.mu.Lock()
-		n := len(c.sleepers)
+		n, _ := c.asleep()
 		c.mu.Unlock()
 		want := live()
 		if want == 0 {
@@ -85,12 +109,7 @@ func (c *simClock) step(t *testing.T, live func() int, at func(now time.Time)) b
 		time.Sleep(50 * time.Microsecond)
 	}
 	c.mu.Lock()
-	var next time.Time
-	for _, u := range c.sleepers {
-		if next.IsZero() || u.Before(next) {
-			next = u
-		}
-	}
+	_, next := c.asleep()
 	if next.After(c.now) {
 		c.now = next
 	}
@@ -101,8 +120,8 @@ func (c *simClock) step(t *testing.T, live func() int, at func(now time.Time)) b
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for done, u := range c.sleepers {
-		if !u.After(c.now) {
+	for done, s := range c.sleepers {
+		if s.ctx.Err() == nil && !s.until.After(c.now) {
 			delete(c.sleepers, done)
 			close(done)
 		}
