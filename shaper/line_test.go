@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -131,30 +132,31 @@ func (c *simClock) step(t *testing.T, live func() int, at func(now time.Time)) b
 
 var simOrder int64 = 1
 
-// holdState keeps the simulation's keys from expiring until the
+// holdState keeps a simulated bucket's keys from expiring until the
 // returned stop is called, then deletes them: their expiry in Redis runs
 // on the wall clock, and a simulation slowed by a busy machine would see
-// the gate's state expire in the middle of a simulated second.
-func holdState(t *testing.T, rdb *redis.Client, prefix string) (stop func()) {
+// the gate's state expire in the middle of a simulated second (or,
+// faster than the wall clock, not at all: held, the state never expires
+// on any machine).
+func holdState(t *testing.T, rdb *redis.Client, b *Bucket) (stop func()) {
 	t.Helper()
+	keys := b.keys.all()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	persist := func(del bool) {
-		iter := rdb.Scan(context.Background(), 0, prefix+":*", 200).Iterator()
-		for iter.Next(context.Background()) {
-			if del {
-				rdb.Del(context.Background(), iter.Val())
-			} else {
-				rdb.Persist(context.Background(), iter.Val())
-			}
+	each := func(do func(p redis.Pipeliner, key string)) {
+		p := rdb.Pipeline()
+		for _, k := range keys {
+			do(p, k)
 		}
+		_, _ = p.Exec(context.Background())
 	}
+	persist := func(p redis.Pipeliner, k string) { p.Persist(context.Background(), k) }
 	go func() {
 		defer close(done)
 		tk := time.NewTicker(50 * time.Millisecond)
 		defer tk.Stop()
 		for {
-			persist(false)
+			each(persist)
 			select {
 			case <-ctx.Done():
 				return
@@ -165,8 +167,20 @@ func holdState(t *testing.T, rdb *redis.Client, prefix string) (stop func()) {
 	return func() {
 		cancel()
 		<-done
-		persist(true)
+		each(func(p redis.Pipeliner, k string) { p.Del(context.Background(), k) })
 	}
+}
+
+// all is every key of the bucket and its group.
+func (k bucketKeys) all() []string {
+	v := reflect.ValueOf(k)
+	var keys []string
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.String && f.String() != "" {
+			keys = append(keys, f.String())
+		}
+	}
+	return keys
 }
 
 // orderRun is one simulated backlog: its calls' orders in the order
@@ -247,7 +261,7 @@ func simulateBacklog(t *testing.T, replicas, n int, lateP float64, seed uint64, 
 		}
 		rs, bs = append(rs, r), append(bs, b)
 	}
-	defer holdState(t, rs[0].rdb, prefix)()
+	defer holdState(t, rs[0].rdb, bs[0])()
 	var live atomic.Int64
 	var mu sync.Mutex
 	type began struct {
