@@ -339,37 +339,6 @@ func TestLineKeepsOrderAcrossReplicas(t *testing.T) {
 	// clock for 6 simulated), the late-wake simulation has seen 122
 	// ticks in a simulated second; what of the gate still reads the wall
 	// clock there is not found yet.
-	ctx := context.Background()
-	limit := func(rate int) Policy {
-		return Policy{Limits: []Limit{{Rate: rate, Window: time.Second}}, Guard: 10 * time.Millisecond}
-	}
-	// edit is a config edit every replica applies at once: a handle of
-	// the new policy, respaced.
-	edit := func(rate int) func([]*replica, []*Bucket) {
-		return func(rs []*replica, _ []*Bucket) {
-			for _, r := range rs {
-				nb, err := r.gate.Bucket("line", limit(rate))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if err := nb.Control().Respace(ctx); err != nil {
-					t.Error(err)
-				}
-			}
-		}
-	}
-	// pause is a 429 with Retry-After: 1 heard by the first replica; the
-	// others hear of it at once (its Pub/Sub message).
-	pause := func(rs []*replica, bs []*Bucket) {
-		if _, err := bs[0].Control().Pause(ctx, time.Second, "rate_limited"); err != nil {
-			t.Error(err)
-			return
-		}
-		for _, r := range rs[1:] {
-			r.gate.notePause("line", r.gate.clock.Now().Add(time.Second))
-		}
-	}
 	for _, tc := range []struct {
 		name   string
 		lateP  float64
@@ -379,9 +348,9 @@ func TestLineKeepsOrderAcrossReplicas(t *testing.T) {
 		{"on time", 0, nil, true},
 		{"woken late", 0.02, nil, false},
 		{"rate edited and a 429", 0, map[time.Duration]func([]*replica, []*Bucket){
-			1500 * time.Millisecond: edit(60), 3 * time.Second: pause, 4500 * time.Millisecond: edit(100)}, false},
+			1500 * time.Millisecond: simEdit(t, 60), 3 * time.Second: simPause(t), 4500 * time.Millisecond: simEdit(t, 100)}, false},
 		{"woken late, rate edited and a 429", 0.02, map[time.Duration]func([]*replica, []*Bucket){
-			1500 * time.Millisecond: edit(60), 3 * time.Second: pause, 4500 * time.Millisecond: edit(100)}, false},
+			1500 * time.Millisecond: simEdit(t, 60), 3 * time.Second: simPause(t), 4500 * time.Millisecond: simEdit(t, 100)}, false},
 	} {
 		// One after the other: four simulations side by side slow each
 		// other down for nothing.

@@ -108,21 +108,26 @@ func (g *Gate) watchOnce(ctx context.Context) {
 	if g.testWatchedUp != nil {
 		g.testWatchedUp()
 	}
-	respaces := respaceChannel(g.prefix)
 	for {
 		msg, err := sub.ReceiveMessage(ctx)
 		if err != nil {
 			return
 		}
-		if msg.Channel == respaces {
-			g.noteRespace(msg.Payload, g.clock.Now())
-			continue
-		}
-		bucket, us, ok := strings.Cut(msg.Payload, "|")
-		n, err := strconv.ParseInt(us, 10, 64)
-		if !ok || err != nil {
-			continue
-		}
-		g.notePause(bucket, g.clock.Now().Add(time.Duration(n)*time.Microsecond))
+		g.hear(msg.Channel, msg.Payload)
 	}
+}
+
+// hear tells the gate of a message on its pause or respace channel (see
+// watchOnce): the callers waiting here drop the ticks it takes away.
+func (g *Gate) hear(channel, payload string) {
+	if channel == respaceChannel(g.prefix) {
+		g.noteRespace(payload, g.clock.Now())
+		return
+	}
+	bucket, us, ok := strings.Cut(payload, "|")
+	n, err := strconv.ParseInt(us, 10, 64)
+	if !ok || err != nil {
+		return
+	}
+	g.notePause(bucket, g.clock.Now().Add(time.Duration(n)*time.Microsecond))
 }
