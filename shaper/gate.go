@@ -49,6 +49,7 @@ type Gate struct {
 	testWatchedUp  func()                               // tests: called when Watch's subscription is confirmed
 	testScript     func(kind string)                    // tests: called with each reserve script run ("core", "counted" or "full")
 	testNotedPause func(bucket string, until time.Time) // tests: called, under mu, when a pause is noted for waiting callers
+	testNotedRespace func(bucket string, at time.Time) // tests: called, under mu, when a respace is heard of and its held ticks dropped
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb; the first

@@ -775,9 +775,20 @@ func drainPermits(t *testing.T, reps []*replica, bucket string, p Policy, caller
 func TestRespaceAppliesAtOnce(t *testing.T) {
 	t.Parallel() // safety only: runs beside the other gate tests
 	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
-	reps := watchingReplicas(t, 2)
+	// When each replica heard of the respace and dropped the ticks it
+	// held at the old spacing: what the change's moment is measured
+	// from, whatever the machine's load made of the message's way.
+	var heardMu sync.Mutex
+	heard := make([]time.Time, 2)
+	reps := watchingReplicas(t, 2, func(i int, g *Gate) {
+		g.testNotedRespace = func(_ string, at time.Time) {
+			heardMu.Lock()
+			heard[i] = latest(heard[i], at)
+			heardMu.Unlock()
+		}
+	})
 	rec := &recorder{}
-	var changedAt time.Time
+	var changedAt, respaced time.Time
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(1500 * time.Millisecond) // a backlog with ticks reserved ahead
@@ -789,11 +800,21 @@ func TestRespaceAppliesAtOnce(t *testing.T) {
 		if err := b.Control().Respace(context.Background()); err != nil {
 			t.Error(err)
 		}
+		respaced = time.Now()
 	})
 	drain(t, reps, "acme", p, 16, 250, rec)
 	wg.Wait()
-	// From respaceSlack and a message's way after the change, the new rate.
-	from := changedAt.Add(respaceSlack + 30*time.Millisecond)
+	// From respaceSlack after the respace took effect everywhere (its
+	// script ran and every replica heard of it), the new rate: ticks at
+	// the old spacing within respaceSlack of it stand.
+	heardMu.Lock()
+	took := respaced
+	for _, h := range heard { // none: the line reached no further than respaceSlack, nothing was cut
+		took = latest(took, h)
+	}
+	heardMu.Unlock()
+	t.Logf("the respace took effect everywhere %s after the change began (its round trips and the message's way)", took.Sub(changedAt).Round(time.Millisecond))
+	from := took.Add(respaceSlack)
 	var after []time.Time
 	lastOld := changedAt
 	for _, x := range rec.times() {
@@ -814,6 +835,14 @@ func TestRespaceAppliesAtOnce(t *testing.T) {
 	if len(after) < 10 {
 		t.Errorf("only %d calls after the change: the test did not respace a busy bucket", len(after))
 	}
+}
+
+// latest is the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // watchingReplicas returns n replicas on one Redis and key prefix, each

@@ -112,6 +112,9 @@ func (g *Gate) noteRespace(bucket string, at time.Time) {
 		l.dropHolders(func(h *holder) bool { return h.g.sent.Before(at) })
 		g.lineAfterDrop(l, bucket, at, at)
 	}
+	if g.testNotedRespace != nil {
+		g.testNotedRespace(bucket, at)
+	}
 }
 
 // respacedSince reports whether a respace was heard of after t.
