@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/redisonce"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -60,7 +61,7 @@ func (l *liveness) alive(ctx context.Context) (time.Time, error) {
 	if l.now != nil {
 		override = l.now()
 	}
-	now, err := aliveScript.Run(ctx, l.rdb, []string{l.key}, override, l.worker, aliveForget.Microseconds()).Int64()
+	now, err := redisonce.Run(ctx, l.rdb, aliveScript, []string{l.key}, override, l.worker, aliveForget.Microseconds()).Int64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("queue: say the worker is alive: %w", err)
 	}

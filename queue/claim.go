@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/redisonce"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -137,7 +138,7 @@ func (c *Client) claimIDs(ctx context.Context, vendor string, ids []string, lane
 	for i, id := range ids {
 		args = append(args, laneBit(lanes[i]), id)
 	}
-	res, err := idClaimScript.Run(ctx, c.rdb, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Int64Slice()
+	res, err := redisonce.Run(ctx, c.rdb, idClaimScript, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Int64Slice()
 	if err != nil {
 		return 0, nil, fmt.Errorf("queue: claim ids on %s: %w", vendor, err)
 	}
@@ -165,7 +166,7 @@ func (c *Client) dropStale(ctx context.Context, vendor string, ids []string, sco
 	for i, id := range ids {
 		args = append(args, strconv.FormatInt(scores[i], 10), id)
 	}
-	if err := dropStaleScript.Run(ctx, c.rdb, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Err(); err != nil {
+	if err := redisonce.Run(ctx, c.rdb, dropStaleScript, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Err(); err != nil {
 		return fmt.Errorf("queue: drop stale claims on %s: %w", vendor, err)
 	}
 	return nil
@@ -302,7 +303,7 @@ func (c *Client) reserve(ctx context.Context, v Vendor, n int) (*reservation, er
 	var token [8]byte
 	_, _ = rand.Read(token[:])
 	r := &reservation{vendor: v.Name, member: hex.EncodeToString(token[:]) + ":" + strconv.Itoa(n)}
-	held, err := reserveScript.Run(ctx, c.rdb, []string{roomKey(c.cfg.KeyPrefix, v.Name)}, r.member, n, roomKeep.Milliseconds()).Int64()
+	held, err := redisonce.Run(ctx, c.rdb, reserveScript, []string{roomKey(c.cfg.KeyPrefix, v.Name)}, r.member, n, roomKeep.Milliseconds()).Int64()
 	if err != nil {
 		return nil, fmt.Errorf("queue: reserve room on %s: %w", v.Name, err)
 	}
@@ -325,7 +326,7 @@ func (c *Client) renew(ctx context.Context, r *reservation) error {
 	if r == nil {
 		return nil
 	}
-	ok, err := renewScript.Run(ctx, c.rdb, []string{roomKey(c.cfg.KeyPrefix, r.vendor)}, r.member, roomKeep.Milliseconds()).Int64()
+	ok, err := redisonce.Run(ctx, c.rdb, renewScript, []string{roomKey(c.cfg.KeyPrefix, r.vendor)}, r.member, roomKeep.Milliseconds()).Int64()
 	if err != nil {
 		return fmt.Errorf("queue: renew room on %s: %w", r.vendor, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // Servers on demand. A vendor's asynq server (and its supervisor) runs in
@@ -66,7 +68,7 @@ func (c *Client) signal(ctx context.Context, vendor string) {
 	s.last[vendor] = now
 	s.mu.Unlock()
 	keys := []string{workKey(c.cfg.KeyPrefix), workSeqKey(c.cfg.KeyPrefix)}
-	if err := signalScript.Run(ctx, c.rdb, keys, vendor).Err(); err != nil {
+	if err := redisonce.Run(ctx, c.rdb, signalScript, keys, vendor).Err(); err != nil {
 		s.mu.Lock()
 		delete(s.last, vendor)
 		s.mu.Unlock()

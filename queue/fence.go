@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/redisonce"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -151,7 +152,7 @@ func (f *fenceRun) unsure(gapEnd time.Time) bool {
 // check runs ownerScript for the run; an ownerThisRun answer covers the
 // silences up to gapEnd.
 func (f *fenceRun) check(ctx context.Context, rdb redis.UniversalClient, gapEnd time.Time) (owner, error) {
-	n, err := ownerScript.Run(ctx, rdb, asynqKeys(f.queue, f.id), f.id, f.began.UnixMicro(), givenBackField,
+	n, err := redisonce.Run(ctx, rdb, ownerScript, asynqKeys(f.queue, f.id), f.id, f.began.UnixMicro(), givenBackField,
 		int64(asynqLease/time.Second)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("queue: is call %s still this worker's: %w: %w", f.id, shaper.ErrUnavailable, err)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // A worker that dies holds calls in asynq's active set under a lease
@@ -149,7 +151,7 @@ func requeueHeld(ctx context.Context, rdb redis.UniversalClient, holder string, 
 	if !ok {
 		return false, nil
 	}
-	n, err := requeueScript.Run(ctx, rdb, asynqKeys(q, id), id, maxLease.Unix(), givenBackField).Int()
+	n, err := redisonce.Run(ctx, rdb, requeueScript, asynqKeys(q, id), id, maxLease.Unix(), givenBackField).Int()
 	return n == 1, err
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/redisonce"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -202,7 +203,7 @@ func (w *Worker) superviseOnce(ctx context.Context, rt *vendorRuntime, problems 
 	// Only the queues shaper paused: an operator's pause of a lane in the
 	// mark stays. One key a call: each queue has a hash tag of its own.
 	for _, q := range held {
-		if err = unpauseScript.Run(ctx, w.rdb, []string{asynqKey(q, "paused")}, pausedByShaper).Err(); err != nil {
+		if err = redisonce.Run(ctx, w.rdb, unpauseScript, []string{asynqKey(q, "paused")}, pausedByShaper).Err(); err != nil {
 			break
 		}
 	}
@@ -280,7 +281,7 @@ func (w *Worker) pauseQueue(ctx context.Context, rt *vendorRuntime, wait time.Du
 	if lane == shaper.High {
 		lanes = "both"
 	}
-	pause, err := pauseMarkScript.Run(ctx, w.rdb, []string{key}, lanes, (wait + time.Minute).Milliseconds()).Text()
+	pause, err := redisonce.Run(ctx, w.rdb, pauseMarkScript, []string{key}, lanes, (wait + time.Minute).Milliseconds()).Text()
 	if err != nil {
 		return // Redis is failing (the task is deferred either way)
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // Control is the adaptation side of a bucket: what the vendor says (429s,
@@ -36,7 +38,7 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 		return fmt.Errorf("shaper: set the rate of %q to %v: the rate must be positive", b.name, rate)
 	}
 	rate = min(rate, c.configured())
-	err := setRateScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(),
+	err := redisonce.Run(ctx, b.gate.rdb, setRateScript, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(),
 		strconv.FormatFloat(rate, 'f', -1, 64), reason, source, b.keep.Microseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("shaper: set the rate of %q: %w", b.name, err)
@@ -125,7 +127,7 @@ func (c *Control) lowerRate(ctx context.Context, reason string) (float64, error)
 	b := c.b
 	a := b.policy.Adapt.withDefaults()
 	cooldown := b.policy.Limits[0].Window + b.policy.Guard
-	s, err := lowerScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(), c.configured(), a.Decrease,
+	s, err := redisonce.Run(ctx, b.gate.rdb, lowerScript, []string{b.keys.control, b.keys.gate}, b.gate.redisNow(), c.configured(), a.Decrease,
 		c.configured()*a.Floor, cooldown.Microseconds(), reason, b.keep.Microseconds()).Text()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: lower the rate of %q: %w", b.name, err)
@@ -218,7 +220,7 @@ end
 func (c *Control) raiseRate(ctx context.Context) (float64, bool, error) {
 	b := c.b
 	ra := b.raiseArgs()
-	s, err := raiseScript.Run(ctx, b.gate.rdb, []string{b.keys.control}, b.gate.redisNow(), ra.Cfg, ra.Step, ra.Quiet, ra.Probe, ra.Recheck, ra.Ceiling).Text()
+	s, err := redisonce.Run(ctx, b.gate.rdb, raiseScript, []string{b.keys.control}, b.gate.redisNow(), ra.Cfg, ra.Step, ra.Quiet, ra.Probe, ra.Recheck, ra.Ceiling).Text()
 	if err != nil {
 		return 0, false, fmt.Errorf("shaper: raise the rate of %q: %w", b.name, err)
 	}
@@ -244,7 +246,7 @@ return 0
 // CountRateLimited counts one rate-limited answer for the stats.
 func (c *Control) CountRateLimited(ctx context.Context) error {
 	b := c.b
-	if err := countScript.Run(ctx, b.gate.rdb, []string{b.keys.stats}, b.gate.redisNow()).Err(); err != nil {
+	if err := redisonce.Run(ctx, b.gate.rdb, countScript, []string{b.keys.stats}, b.gate.redisNow()).Err(); err != nil {
 		return fmt.Errorf("shaper: count a rate-limited answer for %q: %w", b.name, err)
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // The reserve scripts, the core and the full one, run as Redis functions
@@ -49,10 +51,11 @@ func newFunction(kind, defs, body string) *function {
 }
 
 // run calls f on the gate's Redis: as a function, loading it where it is
-// missing, or as a script where Functions are missing.
+// missing, or as a script where Functions are missing. Each is sent once
+// (see redisonce): a grant is never run twice for one call.
 func (g *Gate) run(ctx context.Context, f *function, keys []string, args ...any) *redis.Cmd {
 	if !g.noFunctions.Load() {
-		cmd := g.rdb.FCall(ctx, f.name, keys, args...)
+		cmd := redisonce.FCall(ctx, g.rdb, f.name, keys, args...)
 		err := cmd.Err()
 		var rerr redis.Error
 		switch {
@@ -60,7 +63,7 @@ func (g *Gate) run(ctx context.Context, f *function, keys []string, args ...any)
 			return cmd // a grant, or Redis unreachable: as a script's would be
 		case strings.Contains(err.Error(), "Function not found"):
 			if err := g.load(ctx, f, keys[0]); err == nil {
-				return g.rdb.FCall(ctx, f.name, keys, args...)
+				return redisonce.FCall(ctx, g.rdb, f.name, keys, args...)
 			} else if functionsRefused(err) {
 				g.noFunctions.Store(true)
 			}
@@ -70,7 +73,7 @@ func (g *Gate) run(ctx context.Context, f *function, keys []string, args ...any)
 			return cmd // the function's own error
 		}
 	}
-	return f.script.Run(ctx, g.rdb, keys, args...)
+	return redisonce.Run(ctx, g.rdb, f.script, keys, args...)
 }
 
 // functionsRefused reports whether err says the server has no Functions

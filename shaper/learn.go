@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // Lesson is what a refusal taught a bucket (see Adapt and
@@ -234,7 +236,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	pauseCh := pauseChannel(b.gate.prefix)
 	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
 		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name}
-	res, err := refusedScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
+	res, err := redisonce.Run(ctx, b.gate.rdb, refusedScript, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)
 	}
@@ -312,7 +314,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	if args.Fields == "" && args.Pause == 0 {
 		return out, nil
 	}
-	r, err := applyScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats, b.keys.gate}, args.argv()...).Slice()
+	r, err := redisonce.Run(ctx, b.gate.rdb, applyScript, []string{b.keys.control, b.keys.stats, b.keys.gate}, args.argv()...).Slice()
 	if err != nil {
 		return fail(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // LimitUse is what one limit of a bucket has used of its window, read
@@ -121,7 +123,7 @@ func (c *Control) CountUsed(ctx context.Context, i, used int) (int, error) {
 	if i < 0 || i >= len(b.policy.Limits) {
 		return 0, fmt.Errorf("shaper: count used units of %q: no limit %d", b.name, i)
 	}
-	n, err := countUsedScript.Run(ctx, b.gate.rdb, []string{b.keys.counts}, b.gate.redisNow(), b.limits, i+1, used,
+	n, err := redisonce.Run(ctx, b.gate.rdb, countUsedScript, []string{b.keys.counts}, b.gate.redisNow(), b.limits, i+1, used,
 		b.keep.Microseconds()).Int()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: count used units of %q: %w", b.name, unavailable(ctx, err))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // The line (G3 across replicas). A bucket grants ticks up to its
@@ -242,7 +244,7 @@ func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member s
 	for {
 		// While callers wait in line, the process's new callers join it.
 		b.gate.lineUp(l, b.name, b.gate.clock.Now())
-		res, err := lineScript.Run(ctx, b.gate.rdb, []string{b.keys.line, b.keys.lineDue, b.keys.lineGone}, b.gate.redisNow(), member, req.Order,
+		res, err := redisonce.Run(ctx, b.gate.rdb, lineScript, []string{b.keys.line, b.keys.lineDue, b.keys.lineGone}, b.gate.redisNow(), member, req.Order,
 			admit, iv.Microseconds(), lineGrace.Microseconds(), lineMaxSleep.Microseconds(), lineKeep.Milliseconds(), lineGoneKeep.Microseconds()).Int64Slice()
 		if err != nil {
 			return 0, fmt.Errorf("shaper: line of %q: %w", b.name, unavailable(ctx, err))

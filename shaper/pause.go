@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // adaptedLua defines adapted(k_gate): the bucket's gate hash, if there
@@ -70,7 +72,7 @@ func (c *Control) Pause(ctx context.Context, d time.Duration, reason string) (ti
 	if d < 0 {
 		return 0, fmt.Errorf("shaper: pause %q for %s: a pause must not be negative", b.name, d)
 	}
-	left, err := pauseScript.Run(ctx, b.gate.rdb, []string{b.keys.control, b.keys.stats, b.keys.gate}, b.gate.redisNow(),
+	left, err := redisonce.Run(ctx, b.gate.rdb, pauseScript, []string{b.keys.control, b.keys.stats, b.keys.gate}, b.gate.redisNow(),
 		d.Microseconds(), reason, pauseChannel(b.gate.prefix), b.name, b.keep.Microseconds()).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("shaper: pause %q: %w", b.name, err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // planScript plans n calls of a bucket: the moments, from Redis now, at
@@ -66,7 +68,7 @@ func (b *Bucket) Plan(ctx context.Context, n int) (first, pace time.Duration, er
 		tspan = t.span.Microseconds()
 		own = EffectiveRate(b.interval, b.burst, t.window)
 	}
-	res, err := planScript.Run(ctx, b.gate.rdb, []string{b.keys.gate, b.keys.control, b.keys.total, b.keys.expiry, b.keys.plans},
+	res, err := redisonce.Run(ctx, b.gate.rdb, planScript, []string{b.keys.gate, b.keys.control, b.keys.total, b.keys.expiry, b.keys.plans},
 		b.gate.redisNow(), n, (b.interval / time.Duration(b.burst)).Microseconds(),
 		(b.policy.Limits[0].Window + b.policy.Guard).Microseconds(), b.burst, b.keep.Microseconds(), b.member, tspan, own).Int64Slice()
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // deferReason says why a reservation was not granted.
@@ -1174,7 +1176,7 @@ func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick 
 	if b.total != nil {
 		total = b.total.limits
 	}
-	if err := giveUpScript.Run(ctx, b.gate.rdb, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
+	if err := redisonce.Run(ctx, b.gate.rdb, giveUpScript, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
 		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total).Err(); err != nil {
 		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}

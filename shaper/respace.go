@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // respaceSlack is how far past Redis now a respaced bucket's line
@@ -78,7 +80,7 @@ func (c *Control) Respace(ctx context.Context) error {
 // process's ticks granted before.
 func (b *Bucket) respaceLine(ctx context.Context) error {
 	iv, burst, _, _ := b.spacing()
-	n, err := respaceScript.Run(ctx, b.gate.rdb, []string{b.keys.gate}, b.gate.redisNow(),
+	n, err := redisonce.Run(ctx, b.gate.rdb, respaceScript, []string{b.keys.gate}, b.gate.redisNow(),
 		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica,
 		fmt.Sprintf("%d|%d", iv.Microseconds(), burst)).Int64()
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"weak"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // The gate must tell when the Redis server behind a bucket is not the one
@@ -173,7 +175,7 @@ return string.match(info, 'run_id:(%w+)') or NO_SERVER
 // its run_id, learns it, and reports whether it is want.
 func (s *servers) check(ctx context.Context, rdb redis.UniversalClient, group, key, want string, now time.Time) (bool, error) {
 	d := s.dials.Load()
-	id, err := checkScript.Run(ctx, rdb, []string{key}).Text()
+	id, err := redisonce.Run(ctx, rdb, checkScript, []string{key}).Text()
 	if err != nil {
 		return false, err
 	}

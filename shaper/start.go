@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // Spacing by actual starts. A vendor that enforces spacing (nginx
@@ -75,7 +77,7 @@ func startGap(iv, bare time.Duration) time.Duration {
 // wait (nothing is stamped).
 func (b *Bucket) stampStart(ctx context.Context, gap, wait time.Duration) (time.Duration, bool, error) {
 	args := startArgs{Now: b.gate.redisNow(), Gap: gap.Microseconds(), Wait: wait.Microseconds(), Keep: b.policy.Limits[0].Window.Microseconds()}
-	v, err := startScript.Run(ctx, b.gate.rdb, []string{b.keys.start}, args.argv()...).Int64()
+	v, err := redisonce.Run(ctx, b.gate.rdb, startScript, []string{b.keys.start}, args.argv()...).Int64()
 	if err != nil {
 		return 0, false, fmt.Errorf("shaper: stamp a call's start for %q: %w", b.name, unavailable(ctx, err))
 	}
