@@ -76,6 +76,7 @@ func TestOrderBar(t *testing.T) {
 			rate := float64(len(reqs)-1) / reqs[len(reqs)-1].At.Sub(reqs[0].At).Seconds()
 			largest, far := 0, 0
 			var pos int
+			var moved strings.Builder // where the calls that moved more than 5 went: call@place+seconds
 			for _, r := range reqs {
 				if r.Status != http.StatusOK {
 					continue
@@ -85,9 +86,11 @@ func TestOrderBar(t *testing.T) {
 				largest = max(largest, abs(pos-i))
 				if abs(pos-i) > 5 {
 					far++
+					fmt.Fprintf(&moved, " %d@%d+%.2fs", i, pos, r.At.Sub(reqs[0].At).Seconds())
 				}
 				pos++
 			}
+			t.Logf("moved more than 5 (call@place+time):%s", moved.String())
 			s, st := vend.Summarize(), e.stats(vendor)
 			t.Logf("%s: %d calls, 3 workers: most in one vendor window %d (limit 100), %d sent twice; largest move %d places, %d (%.1f%%) moved more than 5; %d ticks given up late, %d dropped; %.1f calls/s from the first to the last",
 				name, n, s.MaxPerWindow, s.DuplicateKeys, largest, far, 100*float64(far)/n, st.Late, st.Dropped, rate)
