@@ -209,11 +209,14 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		var sent, recv time.Time
 		var err error
 		ask := req
-		if admitted {
-			// A caller from the line holds its tick for no longer than
-			// lineHorizon: one that wakes late and asks again (or the
-			// holder that gives it its tick) goes behind at most
-			// lineHorizon's worth of calls.
+		if lined && (req.Horizon == 0 || req.Horizon > lineHorizon) {
+			// A caller that knows its place holds its tick for no longer
+			// than lineHorizon, from the line or before one formed: one
+			// that wakes late and asks again (or the holder that gives it
+			// its tick) goes behind at most lineHorizon's worth of calls,
+			// and the first callers of a backlog, who ask in whatever
+			// order their workers took them, pass each other by at most
+			// as many before the line forms.
 			ask.Horizon = lineHorizon
 		}
 		if b.batchable(ask) {

@@ -61,11 +61,13 @@ const (
 	// line's head is about to ask for.
 	lineMemory  = time.Minute
 	lineRecheck = 100 * time.Millisecond
-	// lineHorizon is the horizon of a caller admitted from the line (see
-	// Request.Horizon): a tick given up late costs one call (its process's
-	// newest holder, or itself) a move of at most lineHorizon's worth of
-	// calls. It still covers a stall of a quarter second of the callers
-	// that ask.
+	// lineHorizon is the horizon of a caller that knows its place (see
+	// Request.Horizon), admitted from the line or asking before one
+	// formed: a tick given up late costs one call (its process's newest
+	// holder, or itself) a move of at most lineHorizon's worth of calls,
+	// and the first callers of a backlog, who ask in the order their
+	// workers took them, pass each other by at most as many. It still
+	// covers a stall of a quarter second of the callers that ask.
 	lineHorizon = 250 * time.Millisecond
 	// lineStagger: the callers admitted together ask an interval over
 	// lineStagger apart, in the line's order.
