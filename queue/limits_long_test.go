@@ -168,7 +168,7 @@ func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 	}
 }
 
-// TestLongHighLaneGoesFirst: 2,000 normal calls queued for a vendor at
+// TestHighLaneGoesFirstThroughWorkers: 2,000 normal calls queued for a vendor at
 // 20 per second, then 10 high calls, 2 s apart: each high call reaches the
 // vendor within about a second and a tick of its enqueue (logged, p50 and
 // max, not asserted: load moves them; behind the normal calls they would
@@ -176,8 +176,7 @@ func TestLongCostsAgainstAUnitVendor(t *testing.T) {
 // normal calls stay in order. Then the same for one account of a
 // per-account vendor, whose normal calls wait planned in asynq's
 // schedule.
-func TestLongHighLaneGoesFirst(t *testing.T) {
-	redistest.Long(t)
+func TestHighLaneGoesFirstThroughWorkers(t *testing.T) {
 	t.Parallel()
 	for _, perAccount := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per_account=%v", perAccount), func(t *testing.T) {

@@ -115,7 +115,7 @@ func (v Vendor) forwardEvery() time.Duration {
 // ahead of their ticks; reserving 1.2 s ahead lets each ask the gate once
 // (1.00 round trips per call in `go run ./bench -accounts`), while a high
 // call, which waits behind the ticks already reserved, starts within
-// about 1.35 s (TestLongHighLaneGoesFirst; at 1.5 s it waited 1.62 s).
+// about 1.35 s (TestHighLaneGoesFirstThroughWorkers; at 1.5 s it waited 1.62 s).
 // The price: a group Redis lost (or never saw) waits 1.2 s before its
 // first tick, not 1 s.
 const perAccountHorizon = 1200 * time.Millisecond
