@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,8 +21,8 @@ import (
 )
 
 func newMockVendorCmd() *cobra.Command {
-	var listen, phase, retryAfter, headers, kind string
-	var rate, burst int
+	var listen, phase, retryAfter, headers, kind, paging, pagePath, failIDs string
+	var rate, burst, answerBytes, pages, pageItems, failEvery int
 	var window, jitter time.Duration
 	var quiet bool
 	cmd := &cobra.Command{
@@ -33,7 +34,33 @@ func newMockVendorCmd() *cobra.Command {
 (--kind gcra); answers excess with 429 and Retry-After; can add --jitter of
 random delay to every request (a network that bunches calls up); logs every
 request, and on SIGINT/SIGTERM prints a summary: requests, 429s and the most
-requests in any of its windows.`,
+requests in any of its windows.
+
+What it answers to an admitted request can be set too:
+  --answer-bytes N  a JSON body of N bytes (at least 156 bytes plus the
+                    key and path), the same for the same request: {"id":
+                    its Idempotency-Key, "method", "path",
+                    "request_sha256": of its body, "waybill": "WB-" and
+                    12 hex digits of the key's SHA-256, "pad": "xxx..."}
+                    (vendorsim.Answer);
+  --pages N         GET requests under --page-path walk a list of N pages
+                    of --page-items items ({"id":"c-1"}, "c-2" ...); each
+                    page names the next by --paging: cursor (the body's
+                    meta.next_cursor, sent back as ?cursor=), link (a
+                    Link: <URL>; rel="next" header) or url (the body's
+                    links.next), whose URLs are absolute, built from the
+                    request's Host, and carry ?page_token=. The last page
+                    names none; a cursor it did not give out is answered
+                    400;
+  --fail-ids FILE   requests whose Idempotency-Key is a line of FILE are
+                    answered 422 {"error":"validation failed","id":KEY},
+                    every time;
+  --fail-every K    as are those whose key's 64-bit FNV-1a hash is a
+                    multiple of K (about one key in K; vendorsim.FailsEvery
+                    says which).
+A 422 or 400 counts against the limit like any other admitted request. The
+summary adds the distinct Idempotency-Keys seen, those seen more than once
+(and the first few) and the 422s sent.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rate < 1 || window <= 0 {
@@ -57,6 +84,29 @@ requests in any of its windows.`,
 			case "none", "x-ratelimit", "ietf":
 			default:
 				return fmt.Errorf("--headers %q: want none, x-ratelimit or ietf", headers)
+			}
+			if answerBytes < 0 || pages < 0 || failEvery < 0 {
+				return errors.New("--answer-bytes, --pages and --fail-every must not be negative")
+			}
+			switch paging {
+			case "cursor", "link", "url":
+			default:
+				return fmt.Errorf("--paging %q: want cursor, link or url", paging)
+			}
+			if pages > 0 && pageItems < 1 {
+				return errors.New("--page-items must be at least 1")
+			}
+			if !strings.HasPrefix(pagePath, "/") {
+				return fmt.Errorf("--page-path %q: want a path starting with /", pagePath)
+			}
+			v.AnswerBytes, v.FailEvery = answerBytes, failEvery
+			v.Paging = vendorsim.Paging{Pages: pages, Items: pageItems, Style: paging, Prefix: pagePath}
+			if failIDs != "" {
+				keys, err := readFailIDs(failIDs)
+				if err != nil {
+					return err
+				}
+				v.FailKeys = keys
 			}
 			if phase == "random" {
 				v.Phase = time.Duration(rand.Int64N(int64(window)))
@@ -83,6 +133,18 @@ requests in any of its windows.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "mock vendor on http://%s: %s, %d per %s, phase %s, Retry-After %s, headers %s, jitter 0-%s\n",
 				ln.Addr(), kind, rate, window, v.Phase.Round(time.Millisecond), retryAfter, headers, jitter)
+			if answerBytes > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "answers of %d bytes\n", answerBytes)
+			}
+			if pages > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "GET %s: %d pages of %d items, paging by %s\n", pagePath, pages, pageItems, paging)
+			}
+			if len(v.FailKeys) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "answers 422 to the %d keys of %s\n", len(v.FailKeys), failIDs)
+			}
+			if failEvery > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "answers 422 to keys whose FNV-1a hash is a multiple of %d\n", failEvery)
+			}
 			srv := httpguard.NewServer(h, jitter+time.Minute, nil)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -93,6 +155,12 @@ requests in any of its windows.`,
 			s := v.Summarize()
 			fmt.Fprintf(cmd.OutOrStdout(), "summary: %d requests, %d answered 429, most in one %s window: %d (limit %d), most in any sliding %s: %d\n",
 				s.Requests, s.RateLimited, window, s.MaxPerWindow, rate, window, s.MaxSliding)
+			repeated := ""
+			if len(s.RepeatedFirst) > 0 {
+				repeated = " (first: " + strings.Join(s.RepeatedFirst, ", ") + ")"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "keys: %d distinct, %d seen more than once%s, %d answered 422\n",
+				s.KeysSeen, s.KeysRepeated, repeated, s.Failed)
 			return nil
 		},
 	}
@@ -107,7 +175,30 @@ requests in any of its windows.`,
 	f.StringVar(&retryAfter, "retry-after", "seconds", "Retry-After on 429: seconds, date or none")
 	f.StringVar(&headers, "headers", "none", "rate-limit headers: none, x-ratelimit or ietf")
 	f.BoolVar(&quiet, "quiet", false, "do not log every request")
+	f.IntVar(&answerBytes, "answer-bytes", 0, "answer admitted requests with a JSON body of this many bytes (0: a small one)")
+	f.IntVar(&pages, "pages", 0, "serve GET requests under --page-path as a list of this many pages (0: off)")
+	f.IntVar(&pageItems, "page-items", 10, "items on each page (--pages)")
+	f.StringVar(&paging, "paging", "cursor", "how a page names the next (--pages): cursor, link or url")
+	f.StringVar(&pagePath, "page-path", "/", "the path, and those under it, served as pages (--pages)")
+	f.StringVar(&failIDs, "fail-ids", "", "a file of Idempotency-Keys, one a line, whose requests are answered 422")
+	f.IntVar(&failEvery, "fail-every", 0, "answer 422 to requests whose Idempotency-Key's FNV-1a hash is a multiple of this (0: none)")
 	return cmd
+}
+
+// readFailIDs reads the Idempotency-Keys of --fail-ids: one a line,
+// surrounding blanks trimmed, blank lines skipped.
+func readFailIDs(path string) (map[string]bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--fail-ids: %w", err)
+	}
+	keys := map[string]bool{}
+	for line := range strings.Lines(string(b)) {
+		if k := strings.TrimSpace(line); k != "" {
+			keys[k] = true
+		}
+	}
+	return keys, nil
 }
 
 type statusRecorder struct {

@@ -11,6 +11,13 @@
 //     interval Window/Rate and a burst of Burst requests.
 //
 // Rejected requests are recorded but never count against the limit.
+//
+// An admitted request is answered 200 with a small JSON body unless the
+// Mock says otherwise: AnswerBytes gives it a body of about that size
+// (Answer), Paging serves GET requests as pages of a list, and FailKeys
+// and FailEvery pick Idempotency-Keys whose requests fail: they are
+// answered 422 with {"error":"validation failed","id":KEY}. A failed
+// request was admitted and counts against the limit like any other.
 package vendorsim
 
 import (
@@ -64,13 +71,27 @@ type Mock struct {
 	// headers, as their quota has no single reset time.
 	Headers string
 	// Status, when set, decides the answer to an admitted request (for
-	// fault tests); default 200.
+	// fault tests) that neither fails (FailKeys, FailEvery) nor names an
+	// unknown cursor (Paging); default 200.
 	Status func(r *http.Request) int
 	// Delay, when set, is slept before answering an admitted request.
 	Delay time.Duration
 	// Hang, when set, says how long to sleep before answering a request
 	// (after it was counted, as a vendor that hangs would).
 	Hang func(r *http.Request) time.Duration
+	// AnswerBytes, when above 0, answers an admitted request with
+	// Answer(method, path, key, body, AnswerBytes) instead of the small
+	// {"ok":...,"path":...} body.
+	AnswerBytes int
+	// Paging, when its Pages is above 0, serves GET requests under its
+	// Prefix as pages of a list; see Paging.
+	Paging Paging
+	// FailKeys and FailEvery pick the Idempotency-Keys whose admitted
+	// requests are answered 422, every time they are sent: those in
+	// FailKeys, and with FailEvery above 0 those for which
+	// FailsEvery(key, FailEvery) holds. Requests without a key never fail.
+	FailKeys  map[string]bool
+	FailEvery int
 
 	now func() time.Time // the clock when set (tests), else time.Now
 
@@ -153,8 +174,8 @@ func (v *Mock) serveFixed(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if over {
 		status = http.StatusTooManyRequests
-	} else if v.Status != nil {
-		status = v.Status(r)
+	} else {
+		status = v.admittedStatus(r)
 	}
 	v.record(now, r, status)
 	v.requests[len(v.requests)-1].Units = units
@@ -204,8 +225,8 @@ func (v *Mock) serveQueued(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if !admitted {
 		status = http.StatusTooManyRequests
-	} else if v.Status != nil {
-		status = v.Status(r)
+	} else {
+		status = v.admittedStatus(r)
 	}
 	v.record(now, r, status)
 	v.mu.Unlock()
@@ -228,10 +249,41 @@ func (v *Mock) serveQueued(w http.ResponseWriter, r *http.Request) {
 	v.answer(w, r, status)
 }
 
-// answer answers an admitted request.
+// admittedStatus decides the status of an admitted request: 422 when its
+// key fails, 400 for a page request with an unknown cursor, else Status
+// (default 200).
+func (v *Mock) admittedStatus(r *http.Request) int {
+	if v.fails(r.Header.Get("Idempotency-Key")) {
+		return http.StatusUnprocessableEntity
+	}
+	if v.Paging.serves(r) {
+		if s := v.Paging.status(r); s != 0 {
+			return s
+		}
+	}
+	if v.Status != nil {
+		return v.Status(r)
+	}
+	return http.StatusOK
+}
+
+// answer answers an admitted request with the status admittedStatus
+// decided.
 func (v *Mock) answer(w http.ResponseWriter, r *http.Request, status int) {
 	if v.Delay > 0 {
 		time.Sleep(v.Delay)
+	}
+	key := r.Header.Get("Idempotency-Key")
+	switch {
+	case status == http.StatusUnprocessableEntity && v.fails(key):
+		writeJSON(w, status, failure(key))
+		return
+	case v.Paging.serves(r):
+		v.Paging.write(w, r, status)
+		return
+	case v.AnswerBytes > 0:
+		v.writeAnswer(w, r, status)
+		return
 	}
 	w.WriteHeader(status)
 	fmt.Fprintf(w, `{"ok":%t,"path":%q}`, status < 300, r.URL.Path)
@@ -311,7 +363,19 @@ type Summary struct {
 	MaxSliding    int // most requests in any sliding window of the same length
 	DistinctKeys  int // distinct Idempotency-Keys among 2xx answers
 	DuplicateKeys int // 2xx answers whose key had already succeeded
+	// KeysSeen is the number of distinct Idempotency-Keys on requests of
+	// any answer (429s and 422s too); requests without one are not counted.
+	KeysSeen int
+	// KeysRepeated is the number of those keys sent on more than one
+	// request, whatever the answers; RepeatedFirst holds the first few
+	// (up to 5), in the order they were first repeated.
+	KeysRepeated  int
+	RepeatedFirst []string
+	Failed        int // 422s
 }
+
+// repeatedShown is how many repeated keys a Summary lists.
+const repeatedShown = 5
 
 // Summarize counts the requests seen so far.
 func (v *Mock) Summarize() Summary {
@@ -320,10 +384,23 @@ func (v *Mock) Summarize() Summary {
 	s.Requests = len(reqs)
 	ts := make([]time.Time, 0, len(reqs))
 	ok := map[string]bool{}
+	seen := map[string]int{}
 	for _, r := range reqs {
 		ts = append(ts, r.At)
-		if r.Status == http.StatusTooManyRequests {
+		switch r.Status {
+		case http.StatusTooManyRequests:
 			s.RateLimited++
+		case http.StatusUnprocessableEntity:
+			s.Failed++
+		}
+		if r.Key != "" {
+			seen[r.Key]++
+			if seen[r.Key] == 2 {
+				s.KeysRepeated++
+				if len(s.RepeatedFirst) < repeatedShown {
+					s.RepeatedFirst = append(s.RepeatedFirst, r.Key)
+				}
+			}
 		}
 		if r.Status >= 200 && r.Status < 300 {
 			if ok[r.Key] {
@@ -333,6 +410,7 @@ func (v *Mock) Summarize() Summary {
 		}
 	}
 	s.DistinctKeys = len(ok)
+	s.KeysSeen = len(seen)
 	s.MaxPerWindow = windows.MaxFixed(ts, v.Window, v.Phase)
 	s.MaxSliding = windows.MaxSliding(ts, v.Window)
 	return s
