@@ -150,6 +150,13 @@ type Vendor struct {
 	// limits key: more limits over all accounts (a longer one is a quota).
 	Total       *shaper.Limit
 	TotalLimits []shaper.Limit
+	// MaxAnswer is max_answer, in bytes: how much of an answer's body a
+	// call keeps with its result; 0 when absent (queue.DefaultMaxAnswer),
+	// queue.NoAnswerBody for max_answer = 0. At most queue.MaxMaxAnswer.
+	MaxAnswer int64
+	// KeepHeaders is keep_headers: the answer headers kept with each
+	// result, as written; nil when absent.
+	KeepHeaders []string
 }
 
 // Override is one item of account_overrides, resolved: the account's

@@ -6,11 +6,16 @@ package config
 // reports them all.
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"net"
+	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,7 +30,7 @@ var (
 	redisKeys  = []string{"addr", "username", "password", "db", "tls", "master_name", "cluster", "wait_replicas", "wait_timeout", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 	vendorKeys = []string{"base_url", "rate", "window", "burst", "guard", "queue_limit", "max_in_flight", "limits", "timeout", "concurrency",
 		"headers", "user_agent", "max_retry_after", "adapt_decrease", "adapt_increase", "adapt_quiet", "strict_spacing", "warmup", "warmup_from",
-		"per_account", "account_overrides", "total"}
+		"per_account", "account_overrides", "total", "max_answer", "keep_headers"}
 	workerKeys = []string{"max_wait", "shutdown_timeout", "retention", "max_retry"}
 	limitKeys  = []string{"rate", "window", "spread"}
 	topKeys    = []string{"redis", "worker", "callbacks", "tracing", "vendors"}
@@ -299,6 +304,8 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 			vd.Headers[k] = sv
 		}
 	}
+	vd.MaxAnswer = p.maxAnswer(t)
+	vd.KeepHeaders = p.keepHeaders(t, tbl)
 	policyErr := vd.Policy().Validate()
 	if policyErr != nil && len(p.errs) == before { // belt and braces: the gate's own check
 		p.errorf(t, "", "%w", policyErr)
@@ -312,6 +319,125 @@ func (p *parser) vendor(name string, tbl map[string]any) (Vendor, bool) {
 		return Vendor{}, false
 	}
 	return vd, true
+}
+
+// maxAnswer reads max_answer of vendor table t: a whole number of
+// bytes, or a string of one with a unit (parseSize). Absent is 0, which
+// selects queue.DefaultMaxAnswer; max_answer = 0 keeps no body and is
+// queue.NoAnswerBody.
+func (p *parser) maxAnswer(t string) int64 {
+	const key = "max_answer"
+	if !p.isSet(t, key) {
+		return 0
+	}
+	var n int64
+	var shown string
+	switch x := p.v.Get(t + "." + key).(type) {
+	case int64:
+		n, shown = x, strconv.FormatInt(x, 10)
+	case int:
+		n, shown = int64(x), strconv.Itoa(x)
+	case string:
+		var err error
+		if n, err = parseSize(x); err != nil {
+			p.errorf(t, key, "%q: %w", x, err)
+			return 0
+		}
+		shown = strconv.Quote(x)
+	default:
+		p.errorf(t, key, "%v: want a whole number of bytes or a size such as \"64KiB\" or \"1MiB\"", x)
+		return 0
+	}
+	switch {
+	case n < 0:
+		p.errorf(t, key, "%s must not be negative; 0 keeps no body (the status and keep_headers only)", shown)
+		return 0
+	case n > queue.MaxMaxAnswer:
+		p.errorf(t, key, "%s is above the cap of 16MiB (%d bytes): every call a worker holds may hold its answer in memory; set at most \"16MiB\"", shown, queue.MaxMaxAnswer)
+		return 0
+	case n == 0:
+		return queue.NoAnswerBody
+	}
+	return n
+}
+
+// sizeText is a size as max_answer writes it: a whole number, then a
+// unit, maybe after a space.
+var sizeText = regexp.MustCompile(`^(-?[0-9]+) ?([A-Za-z]*)$`)
+
+// sizeUnits are the units of a size: bytes and powers of 1024 only, so
+// that no one reads "1MB" as 10^6 bytes where shaper meant 2^20.
+var sizeUnits = map[string]int64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
+
+// parseSize reads a size in bytes: "512", "512B", "64KiB", "1MiB" (a
+// space may stand before the unit). A negative size is returned for the
+// caller to refuse; one too large for an int64 is math.MaxInt64.
+func parseSize(s string) (int64, error) {
+	m := sizeText.FindStringSubmatch(s)
+	if m == nil {
+		return 0, errors.New("want a whole number of bytes, alone or with B, KiB or MiB, e.g. \"512\", \"64KiB\" or \"1MiB\"")
+	}
+	unit, ok := sizeUnits[m[2]]
+	if !ok {
+		return 0, fmt.Errorf("unit %q: want B, KiB (1024 bytes) or MiB (1024 KiB), written so (KB and MB are not taken: 1000 or 1024 bytes?)", m[2])
+	}
+	// The pattern leaves ParseInt only a number out of range to fail
+	// on, and then n is the nearest int64: out of range below too.
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	switch {
+	case n > math.MaxInt64/unit:
+		return math.MaxInt64, nil
+	case n < math.MinInt64/unit:
+		return math.MinInt64, nil
+	}
+	return n * unit, nil
+}
+
+// keepHeaders reads keep_headers of vendor table t: the names of the
+// answer headers kept with each result, HTTP tokens, each once.
+func (p *parser) keepHeaders(t string, tbl map[string]any) []string {
+	const key = "keep_headers"
+	raw, present := tbl[key]
+	if !present {
+		return nil
+	}
+	list, ok := raw.([]any)
+	if !ok {
+		p.errorf(t, key, "%s: want an array of header names, e.g. keep_headers = [\"X-Request-Id\", \"Link\"]", rawString(raw))
+		return nil
+	}
+	var out []string
+	seen := map[string]int{}
+	for i, x := range list {
+		name, ok := x.(string)
+		if !ok || !headerName(name) {
+			p.errorf(t, key, "item %d = %s: want a header name: a quoted, non-empty token without spaces, colons or control characters, e.g. \"X-Request-Id\"", i+1, rawString(x))
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if first, dup := seen[canon]; dup {
+			p.errorf(t, key, "item %d = %q: already item %d (header names are case-insensitive); list it once", i+1, name, first)
+			continue
+		}
+		seen[canon] = i + 1
+		out = append(out, name)
+	}
+	return out
+}
+
+// headerName reports whether s is a header field name: a token of RFC
+// 9110 (letters, digits and !#$%&'*+-.^_`|~).
+func headerName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		ok := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // limits reads a limits array (of a vendor or of an override); fail

@@ -20,6 +20,8 @@ func (v Vendor) Queue() queue.Vendor {
 		Total:       v.TotalPolicy(),
 		QueueLimit:  v.QueueLimit,
 		Concurrency: v.Concurrency,
+		MaxAnswer:   v.MaxAnswer,
+		KeepHeaders: v.KeepHeaders,
 	}
 	if len(v.Overrides) > 0 {
 		qv.Overrides = make(map[string]shaper.Policy, len(v.Overrides))
