@@ -18,22 +18,10 @@ import (
 	"github.com/shaper-dev/shaper/vendorclients"
 )
 
-// excerptBytes bounds the body excerpt stored as a call's result.
-const excerptBytes = 512
-
 // awaitRedis is the longest a handler waits for an unavailable Redis
 // before it returns its task to asynq: less than asynq's 30 s lease, past
 // which asynq no longer records the task's end.
 const awaitRedis = 20 * time.Second
-
-// CallResult is stored as the task result of a call.
-type CallResult struct {
-	Status  int    `json:"status"`
-	Excerpt string `json:"body_excerpt,omitempty"`
-	// SentAt is when the request went out (its headers written, after its
-	// tick), for a callback; not stored.
-	SentAt time.Time `json:"-"`
-}
 
 // handle is the asynq handler of every vendor's server: the built-in call
 // type, or the user's handler of the task's type, looked up when the task
@@ -115,8 +103,15 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 	if errors.Is(err, errGivenBack) {
 		return err // a void run: the run that holds the call now ends it (see settle)
 	}
+	if err == nil && (call.Next != nil || call.Pull != nil) {
+		err = w.nextPage(ctx, rt, t, id, call, &res)
+	}
+	if res.Status > 0 {
+		w.storeAnswer(t, rt.vendor.Name, id, res)
+	}
 	err = spendRetry(ctx, t, err)
-	w.markEnd(ctx, call.Export, id, err)
+	q, _ := asynq.GetQueueName(ctx)
+	w.markEnd(ctx, asynqTaskKey(q, id), call.Export, id, err)
 	if err != nil && len(call.Headers) > 0 {
 		// The call's own headers (an Authorization per customer) stay out
 		// of the error asynq stores and logs, like the vendor's.
@@ -196,8 +191,8 @@ func (w *Worker) backlogged(ctx context.Context, rt *vendorRuntime, account stri
 	}
 }
 
-// doCall makes the call, through the gate, and stores the vendor's answer
-// as the task's result and in *res.
+// doCall makes the call, through the gate, and reads the vendor's answer
+// into *res.
 func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorclients.Client, t *asynq.Task, id string, call Call, res *CallResult) error {
 	for attempt := 1; ; attempt++ {
 		var body io.Reader
@@ -233,14 +228,12 @@ func (w *Worker) doCall(ctx context.Context, rt *vendorRuntime, client *vendorcl
 			}
 			return fmt.Errorf("%s %s: %w", call.Method, safePath(call.Path), safeError(err))
 		}
-		excerpt := readExcerpt(resp.Body, excerptBytes, call.secrets(rt.secrets))
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		keep := answerKeepOf(rt.applied.Load(), call.secrets(rt.secrets))
+		keep.need = pullNeed(call)
+		*res = readAnswer(resp, keep)
 		resp.Body.Close()
-		*res = CallResult{Status: resp.StatusCode, Excerpt: string(excerpt), SentAt: sent().UTC()}
-		stored, _ := json.Marshal(res)
-		if _, err := t.ResultWriter().Write(stored); err != nil && !w.health.quiet(err) {
-			w.log.Warn("could not store the call result", "vendor", rt.vendor.Name, "task", id, "err", err)
-		}
+		res.SentAt = sent().UTC()
+		excerpt := res.BodyExcerpt(excerptBytes)
 		switch {
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			return nil
@@ -259,4 +252,16 @@ func redact(b []byte, secrets []string) []byte {
 		b = bytes.ReplaceAll(b, []byte(s), []byte("[redacted]"))
 	}
 	return b
+}
+
+// storeAnswer stores a call's answer as its task's result: once per run,
+// the last attempt's (an attempt answered with a 429 has none).
+func (w *Worker) storeAnswer(t *asynq.Task, vendor, id string, res CallResult) {
+	stored, err := json.Marshal(res)
+	if err == nil {
+		_, err = t.ResultWriter().Write(stored)
+	}
+	if err != nil && !w.health.quiet(err) {
+		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
+	}
 }

@@ -288,7 +288,7 @@ func (w *Worker) queueCallback(ctx context.Context, vendor, id string, t *asynq.
 		return
 	}
 	n, _ := asynq.GetRetryCount(ctx)
-	o := Outcome{ID: id, Vendor: vendor, Account: call.Account, State: "completed", Status: res.Status, Body: res.Excerpt,
+	o := Outcome{ID: id, Vendor: vendor, Account: call.Account, State: "completed", Status: res.Status, Body: res.BodyExcerpt(excerptBytes),
 		Attempts: n + 1, EnqueuedAt: enqueuedAt(t), SentAt: res.SentAt, FinishedAt: time.Now().UTC()}
 	if err != nil {
 		o.State, o.Error = "archived", err.Error()

@@ -45,9 +45,22 @@ func ParseCalls(r io.Reader) ([]Call, error) { return parseCalls(r, false) }
 func ParseVendorCalls(r io.Reader) ([]Call, error) { return parseCalls(r, true) }
 
 func parseCalls(r io.Reader, withVendor bool) ([]Call, error) {
+	var calls []Call
+	err := ScanCalls(r, withVendor, func(c Call) error {
+		calls = append(calls, c)
+		return nil
+	})
+	return calls, err
+}
+
+// ScanCalls reads NDJSON call lines as ParseCalls does (with
+// withVendor, as ParseVendorCalls does), handing each good call to fn as
+// it is read, so that a file of any size is read in flat memory (but for
+// the ids seen, to refuse a repeated one). It returns every bad line (as
+// *LineError, joined), or fn's first error.
+func ScanCalls(r io.Reader, withVendor bool, fn func(Call) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxCallLine)
-	var calls []Call
 	var errs []error
 	seen := map[string]int{}
 	line := 0
@@ -70,7 +83,9 @@ func parseCalls(r io.Reader, withVendor bool) ([]Call, error) {
 			errs = append(errs, &LineError{Line: line, Err: err})
 			continue
 		}
-		calls = append(calls, call)
+		if err := fn(call); err != nil {
+			return err
+		}
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -78,7 +93,7 @@ func parseCalls(r io.Reader, withVendor bool) ([]Call, error) {
 		}
 		errs = append(errs, &LineError{Line: line + 1, Err: err})
 	}
-	return calls, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 func parseCallLine(text []byte, withVendor bool) (Call, error) {
@@ -93,6 +108,8 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		Cost     json.RawMessage   `json:"cost"`
 		Priority *string           `json:"priority"`
 		Callback json.RawMessage   `json:"callback"`
+		Next     *Next             `json:"next"`
+		MaxPages *int              `json:"max_pages"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -100,9 +117,9 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 		msg := err.Error()
 		if strings.HasPrefix(msg, "json: unknown field") {
 			if withVendor {
-				msg += " (a call has vendor, id, account, method, path, headers, body, cost, priority and callback)"
+				msg += " (a call has vendor, id, account, method, path, headers, body, cost, priority, callback, next and max_pages)"
 			} else {
-				msg += " (a call line has id, account, method, path, headers, body, cost, priority and callback)"
+				msg += " (a call line has id, account, method, path, headers, body, cost, priority, callback, next and max_pages)"
 			}
 		}
 		return Call{}, fmt.Errorf("not a call object: %s", msg)
@@ -151,6 +168,13 @@ func parseCallLine(text []byte, withVendor bool) (Call, error) {
 			return Call{}, err
 		}
 		c.Callback = cb
+	}
+	c.Next = j.Next
+	if j.MaxPages != nil {
+		if *j.MaxPages < 1 {
+			return Call{}, fmt.Errorf(`"max_pages": %d: want at least 1 (default %d)`, *j.MaxPages, DefaultMaxPages)
+		}
+		c.MaxPages = *j.MaxPages
 	}
 	if string(c.Body) == "null" {
 		c.Body = nil

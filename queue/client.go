@@ -77,6 +77,18 @@ type Call struct {
 	// the call ends (see Outcome); the URL must be under a prefix of the
 	// config's [callbacks] allow.
 	Callback *Callback `json:"callback,omitempty"`
+	// Next, when set, makes the call the first page of a paginated pull:
+	// when it succeeds and its answer names a next page, the worker
+	// queues that page as a call of its own (see pull.go), up to MaxPages
+	// pages (default DefaultMaxPages).
+	Next     *Next `json:"next,omitempty"`
+	MaxPages int   `json:"max_pages,omitempty"`
+	// Pull is where a page of a pull stands; the worker sets it on the
+	// pages it queues, and Validate refuses it anywhere else.
+	Pull *PullPage `json:"pull,omitempty"`
+	// Seq is the call's place in its export (ExportCalls' order), set by
+	// StartExport.
+	Seq int64 `json:"seq,omitempty"`
 
 	line int // its line in a call file (ParseCalls), for errors
 }
@@ -127,7 +139,10 @@ func (c *Call) Validate() error {
 			return fmt.Errorf("%w: %w", ErrBadCall, err)
 		}
 	}
-	return nil
+	if c.Pull != nil {
+		return fmt.Errorf("%w: \"pull\" is set by the worker on the pages it queues; a call says how to find its next page with \"next\"", ErrBadCall)
+	}
+	return c.checkNext()
 }
 
 // ParseLane reads a priority: "high", or "normal" (also for "").

@@ -171,7 +171,7 @@ func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *
 		e.Binding = BindDone
 		var res CallResult
 		if json.Unmarshal(info.Result, &res) == nil && res.Status > 0 {
-			e.Status, e.Body = res.Status, res.Excerpt
+			e.Status, e.Body = res.Status, res.BodyExcerpt(excerptBytes)
 		}
 		e.Attempts = info.Retried + 1
 		if !info.CompletedAt.IsZero() {

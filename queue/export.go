@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,22 +17,53 @@ import (
 // progress is kept.
 const exportGrace = 7 * 24 * time.Hour
 
+// exportChunk is how many calls StartExportFrom records and queues at a
+// time: memory stays flat whatever the export's size.
+const exportChunk = 500
+
+// maxFollowers bounds how many exports besides its own one call can count
+// as theirs (an export re-run under a new id adopts the calls of the
+// first that are still queued or done: see adoptScript).
+const maxFollowers = 16
+
 // ErrUnknownExport is returned for an export id that does not exist (or
 // expired with its retention).
 var ErrUnknownExport = errors.New("queue: unknown export")
 
 // Export is a named group of calls on one vendor, tracked to completion.
+// Its calls have an order (the order they were given in; a pull's pages
+// after its first call): ExportResults reads them back in it.
 type Export struct {
-	ID      string    `json:"id"`
-	Vendor  string    `json:"vendor"`
-	Total   int64     `json:"total"`
-	Done    int64     `json:"done"`
-	Failed  int64     `json:"failed"`
+	ID     string `json:"id"`
+	Vendor string `json:"vendor"`
+	// Total counts the export's calls, pages of its pulls included (it
+	// grows as a pull finds pages).
+	Total  int64 `json:"total"`
+	Done   int64 `json:"done"`
+	Failed int64 `json:"failed"`
+	// Queued: every call given to the export is queued (or counted as
+	// its own, already queued). An export whose enqueue stopped half way
+	// is not; run it again with its id to queue the rest.
+	Queued  bool      `json:"queued"`
 	Created time.Time `json:"created"`
+	// Ordered is false for an export made by a shaper before exports kept
+	// their calls' order: its results cannot be read back.
+	Ordered bool `json:"ordered"`
 }
 
 // Finished reports whether every call ended, well or not.
-func (e Export) Finished() bool { return e.Done+e.Failed >= e.Total }
+func (e Export) Finished() bool { return e.Queued && e.Done+e.Failed >= e.Total }
+
+// State is "queueing", "running" or "finished".
+func (e Export) State() string {
+	switch {
+	case !e.Queued:
+		return "queueing"
+	case e.Finished():
+		return "finished"
+	}
+	return "running"
+}
 
 // newExportID returns a fresh export id.
 func newExportID() string {
@@ -40,37 +72,239 @@ func newExportID() string {
 	return "exp-" + time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
 }
 
-// StartExport records an export of calls on vendor and enqueues them, all
-// validated and checked against queue_limit first. An empty id gets a
-// fresh one; re-running an export with the same id and call ids queues
-// nothing twice.
+// maxExportID bounds an export id: a call without an id of its own gets
+// "<export id>:<n>", within a call id's 200 characters.
+const maxExportID = 180
+
+// CallSource hands calls to fn in order; StartExportFrom calls it twice
+// (once to check every call, once to queue them), so it must give the
+// same calls each time. Its errors (a *LineError per bad line, joined)
+// are returned as they are.
+type CallSource func(fn func(Call) error) error
+
+// CallsOf is the CallSource of calls held in memory.
+func CallsOf(calls []Call) CallSource {
+	return func(fn func(Call) error) error {
+		for _, c := range calls {
+			if err := fn(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// ExportStart says what StartExportFrom did.
+type ExportStart struct {
+	Export
+	Enqueued      int // calls queued now
+	AlreadyQueued int // calls whose id was queued before: counted as the export's own
+}
+
+// StartExport records an export of calls on vendor and enqueues them:
+// StartExportFrom with the calls in memory.
 func (c *Client) StartExport(ctx context.Context, id, vendor string, calls []Call) (Export, BatchResult, error) {
-	if _, err := c.vendor(vendor); err != nil {
-		return Export{}, BatchResult{}, err
+	st, err := c.StartExportFrom(ctx, id, vendor, CallsOf(calls))
+	return st.Export, BatchResult{Enqueued: st.Enqueued, AlreadyQueued: st.AlreadyQueued}, err
+}
+
+// StartExportFrom records an export of the calls src gives on vendor and
+// queues them, in order, a chunk at a time. Every call is checked first:
+// one bad call and nothing is recorded or queued. An empty id gets a
+// fresh one. A call without an id gets "<export id>:<n>" (its place in
+// the export, from 1), so that running an export again under its id
+// queues nothing twice and finishes what a first run left. A call whose
+// id its vendor already holds (queued, running, or ended within the
+// retention), by this export or another, counts as this export's own:
+// its end counts here, and its answer reads back with the others.
+func (c *Client) StartExportFrom(ctx context.Context, id, vendor string, src CallSource) (ExportStart, error) {
+	v, err := c.vendor(vendor)
+	if err != nil {
+		return ExportStart{}, err
 	}
 	if id == "" {
 		id = newExportID()
-	} else if !idRe.MatchString(id) {
-		return Export{}, BatchResult{}, fmt.Errorf("%w: export id %q: use 1-200 letters, digits and ._:@/+=-", ErrBadCall, id)
+	} else if !idRe.MatchString(id) || len(id) > maxExportID {
+		return ExportStart{}, fmt.Errorf("%w: export id %q: use 1-%d letters, digits and ._:@/+=-", ErrBadCall, id, maxExportID)
 	}
-	for i := range calls {
-		calls[i].Export = id
+	// Check every call first, keeping nothing but the errors.
+	var errs []error
+	n := 0
+	err = src(func(call Call) error {
+		n++
+		call.Vendor, call.Export = vendor, id
+		if err := c.checkCall(&call); err != nil {
+			if errors.Is(err, ErrUnknownVendor) {
+				return err
+			}
+			if call.line > 0 {
+				errs = append(errs, &LineError{Line: call.line, Err: err})
+			} else {
+				errs = append(errs, fmt.Errorf("call %d: %w", n, err))
+			}
+		}
+		return nil
+	})
+	if err = errors.Join(err, errors.Join(errs...)); err != nil {
+		return ExportStart{}, err
 	}
-	if err := c.checkCalls(vendor, calls); err != nil {
-		return Export{}, BatchResult{}, err // nothing recorded, nothing queued
+	if n == 0 {
+		return ExportStart{}, fmt.Errorf("%w: export %s has no calls", ErrBadCall, id)
 	}
-	e := Export{ID: id, Vendor: vendor, Total: int64(len(calls)), Created: time.Now().UTC()}
+	if v.QueueLimit > 0 {
+		waiting, err := c.Waiting(ctx, vendor)
+		if err != nil {
+			return ExportStart{}, err
+		}
+		if waiting+int64(n) > int64(v.QueueLimit) {
+			return ExportStart{}, fmt.Errorf("%w: vendor %s holds %d calls and its queue_limit is %d: the export's %d calls do not fit; nothing was queued", ErrQueueFull, vendor, waiting, v.QueueLimit, n)
+		}
+	}
 	key := exportKey(c.cfg.KeyPrefix, id)
 	ttl := c.cfg.Retention + exportGrace
-	err := c.rdb.HSet(ctx, key, "vendor", vendor, "total", e.Total, "created", e.Created.Format(time.RFC3339)).Err()
+	pipe := c.rdb.TxPipeline()
+	pipe.HSetNX(ctx, key, "created", time.Now().UTC().Format(time.RFC3339))
+	pipe.HSet(ctx, key, "vendor", vendor)
+	pipe.HSetNX(ctx, key, "total", n) // read by shapers before ordered exports
+	pipe.Expire(ctx, key, ttl)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return ExportStart{}, fmt.Errorf("queue: record export %s: %w", id, err)
+	}
+	var out ExportStart
+	chunk := make([]Call, 0, exportChunk)
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		err := c.exportChunk(ctx, id, vendor, chunk, ttl, &out)
+		chunk = chunk[:0]
+		return err
+	}
+	pos := int64(0)
+	err = src(func(call Call) error {
+		pos++
+		call.Vendor, call.Export, call.Seq = vendor, id, pos*pageRoom
+		if call.ID == "" {
+			call.ID = id + ":" + strconv.FormatInt(pos, 10)
+		}
+		if chunk = append(chunk, call); len(chunk) == exportChunk {
+			return flush()
+		}
+		return nil
+	})
 	if err == nil {
-		err = c.rdb.Expire(ctx, key, ttl).Err()
+		err = flush()
 	}
 	if err != nil {
-		return Export{}, BatchResult{}, fmt.Errorf("queue: record export %s: %w", id, err)
+		return out, fmt.Errorf("export %s: %d calls queued, %d already queued, then: %w (run it again with --id %s to queue the rest: nothing is queued twice)", id, out.Enqueued, out.AlreadyQueued, err, id)
 	}
-	res, err := c.EnqueueBatch(ctx, vendor, calls)
-	return e, res, err
+	if err := c.rdb.HSet(ctx, key, "queued", 1).Err(); err != nil {
+		return out, fmt.Errorf("queue: export %s: every call is queued, but recording it failed: %w (run it again with --id %s)", id, err, id)
+	}
+	e, err := c.ExportStatus(ctx, id)
+	out.Export = e
+	return out, err
+}
+
+// exportChunk records the calls of a chunk in the export's order, then
+// queues them; the calls already queued count as the export's own.
+func (c *Client) exportChunk(ctx context.Context, id, vendor string, calls []Call, ttl time.Duration, out *ExportStart) error {
+	order := exportCallsKey(c.cfg.KeyPrefix, id)
+	pipe := c.rdb.Pipeline()
+	for _, call := range calls {
+		pipe.ZAddNX(ctx, order, redis.Z{Score: float64(call.Seq), Member: call.ID})
+	}
+	pipe.Expire(ctx, order, ttl)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("queue: record export %s's order: %w", id, err)
+	}
+	idx := make([]int, len(calls))
+	for i := range idx {
+		idx[i] = i
+	}
+	res, err := c.enqueueGroups(ctx, calls, []vendorGroup{{vendor, idx}})
+	out.Enqueued += res.Enqueued
+	if err != nil {
+		return err
+	}
+	var adopt []BatchCall
+	for _, bc := range res.Calls {
+		if bc.State == StateAlreadyQueued {
+			adopt = append(adopt, bc)
+		}
+	}
+	out.AlreadyQueued += len(adopt)
+	return c.adopt(ctx, id, vendor, adopt, ttl)
+}
+
+// adoptScript makes a call already queued count in one more export: when
+// it has ended, it says how (the export records it at once); else it
+// adds the export to those its end is recorded in.
+//
+// KEYS[1] the call's task hash (asynq's; fields shaper_end, shaper_exports
+// and asynq's state); ARGV[1] the export, ARGV[2] maxFollowers. Returns
+// "ok" or "failed" for a call that ended, "gone" when there is no such
+// task, "full" when it counts in maxFollowers exports already, "" when
+// its end will be recorded in the export.
+var adoptScript = redis.NewScript(`
+local k_task = KEYS[1]
+local a_export = ARGV[1]
+local a_max = tonumber(ARGV[2])
+if redis.call('EXISTS', k_task) == 0 then return 'gone' end
+local ended = redis.call('HGET', k_task, 'shaper_end')
+if ended then return ended end
+local state = redis.call('HGET', k_task, 'state')
+if state == 'completed' then return 'ok' end
+if state == 'archived' then return 'failed' end
+local list = redis.call('HGET', k_task, 'shaper_exports') or ''
+local n = 0
+for e in string.gmatch(list, '[^,]+') do
+  if e == a_export then return '' end
+  n = n + 1
+end
+if n >= a_max then return 'full' end
+if list ~= '' then list = list .. ',' end
+redis.call('HSET', k_task, 'shaper_exports', list .. a_export)
+return ''
+`)
+
+// adopt makes the calls already queued count in export id.
+func (c *Client) adopt(ctx context.Context, id, vendor string, calls []BatchCall, ttl time.Duration) error {
+	if len(calls) == 0 {
+		return nil
+	}
+	pipe := c.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, bc := range calls {
+		lane, _ := ParseLane(bc.Lane)
+		cmds[i] = adoptScript.Eval(ctx, pipe, []string{asynqTaskKey(laneQueue(vendor, lane), bc.ID)}, id, maxFollowers)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("queue: count the calls already queued in export %s: %w", id, err)
+	}
+	var ended [2][]string // ok, failed
+	var errs []error
+	for i, cmd := range cmds {
+		switch cmd.Val() {
+		case "ok":
+			ended[0] = append(ended[0], calls[i].ID)
+		case "failed", "gone": // gone: deleted since it was found (a cancel)
+			ended[1] = append(ended[1], calls[i].ID)
+		case "full":
+			errs = append(errs, fmt.Errorf("call %s of vendor %s counts in %d exports already; it is not counted in export %s", calls[i].ID, vendor, maxFollowers, id))
+			ended[1] = append(ended[1], calls[i].ID)
+		}
+	}
+	pipe = c.rdb.Pipeline()
+	for k, ids := range ended {
+		if len(ids) > 0 {
+			markPipe(ctx, pipe, c.cfg.KeyPrefix, id, ids, k == 0, ttl)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("queue: record the ended calls already queued in export %s: %w", id, err))
+	}
+	return errors.Join(errs...)
 }
 
 // ExportStatus reads an export's progress in one round trip.
@@ -83,6 +317,7 @@ func exportStatus(ctx context.Context, rdb redis.UniversalClient, prefix, id str
 	h := pipe.HGetAll(ctx, exportKey(prefix, id))
 	done := pipe.SCard(ctx, exportDoneKey(prefix, id))
 	failed := pipe.SCard(ctx, exportFailedKey(prefix, id))
+	calls := pipe.ZCard(ctx, exportCallsKey(prefix, id))
 	if _, err := pipe.Exec(ctx); err != nil {
 		return Export{}, fmt.Errorf("queue: export %s: %w", id, err)
 	}
@@ -90,31 +325,90 @@ func exportStatus(ctx context.Context, rdb redis.UniversalClient, prefix, id str
 	if len(m) == 0 {
 		return Export{}, fmt.Errorf("%w %q (exports are kept for the retention period plus 7 days)", ErrUnknownExport, id)
 	}
-	total, _ := strconv.ParseInt(m["total"], 10, 64)
 	created, _ := time.Parse(time.RFC3339, m["created"])
-	return Export{ID: id, Vendor: m["vendor"], Total: total, Done: done.Val(), Failed: failed.Val(), Created: created}, nil
+	e := Export{ID: id, Vendor: m["vendor"], Total: calls.Val(), Done: done.Val(), Failed: failed.Val(), Created: created,
+		Queued: m["queued"] != "", Ordered: calls.Val() > 0}
+	if !e.Ordered { // made before exports kept their order: its calls were all queued at once
+		e.Total, _ = strconv.ParseInt(m["total"], 10, 64)
+		e.Queued = true
+	}
+	return e, nil
+}
+
+// endScript marks how a call ended, in its task hash (field shaper_end:
+// an export that adopts it later reads it there, see adoptScript), and
+// returns the exports besides its own that count it.
+//
+// KEYS[1] the call's task hash; ARGV[1] "ok" or "failed". Returns the
+// exports' ids, comma-separated ("" for none); false when the task is
+// gone (nothing is written).
+var endScript = redis.NewScript(`
+local k_task = KEYS[1]
+local a_end = ARGV[1]
+if redis.call('EXISTS', k_task) == 0 then return false end
+redis.call('HSET', k_task, 'shaper_end', a_end)
+return redis.call('HGET', k_task, 'shaper_exports') or ''
+`)
+
+// markPipe records in pipe that the calls ids of export ended, well (ok)
+// or not: in one of its two sets, and out of the other (a call run again
+// by RetryExport may end otherwise).
+func markPipe(ctx context.Context, pipe redis.Pipeliner, prefix, export string, ids []string, ok bool, ttl time.Duration) {
+	to, from := exportFailedKey(prefix, export), exportDoneKey(prefix, export)
+	if ok {
+		to, from = from, to
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	pipe.SAdd(ctx, to, members...)
+	pipe.SRem(ctx, from, members...)
+	pipe.Expire(ctx, to, ttl)
+	pipe.Expire(ctx, from, ttl)
 }
 
 // markExport records that a call of an export ended.
 func markExport(ctx context.Context, rdb redis.UniversalClient, prefix, id, taskID string, ok bool, ttl time.Duration) error {
-	key := exportFailedKey(prefix, id)
-	if ok {
-		key = exportDoneKey(prefix, id)
-	}
 	pipe := rdb.Pipeline()
-	pipe.SAdd(ctx, key, taskID)
-	pipe.Expire(ctx, key, ttl)
+	markPipe(ctx, pipe, prefix, id, []string{taskID}, ok, ttl)
 	_, err := pipe.Exec(ctx)
 	return err
 }
 
-// markEnd records the end of an export's call: done, or failed for good
-// (not retried, or out of retries).
-func (w *Worker) markEnd(ctx context.Context, export, id string, err error) {
-	if export == "" || !callEnded(ctx, err) {
+// markEnd records the end of a call: done, or failed for good (not
+// retried, or out of retries), in its task hash and in the exports that
+// count it: its own, and those that adopted it. One round trip, and one
+// more when another export adopted it.
+func (w *Worker) markEnd(ctx context.Context, taskKey, export, id string, err error) {
+	if !callEnded(ctx, err) {
 		return
 	}
-	if e := markExport(context.WithoutCancel(ctx), w.rdb, w.cfg.KeyPrefix, export, id, err == nil, w.cfg.Retention+exportGrace); e != nil {
-		w.log.Warn("could not record export progress", "export", export, "task", id, "err", e)
+	ctx = context.WithoutCancel(ctx)
+	ok, how := err == nil, "failed"
+	if ok {
+		how = "ok"
+	}
+	ttl := w.cfg.Retention + exportGrace
+	pipe := w.rdb.Pipeline()
+	followers := endScript.Eval(ctx, pipe, []string{taskKey}, how)
+	if export != "" {
+		markPipe(ctx, pipe, w.cfg.KeyPrefix, export, []string{id}, ok, ttl)
+	}
+	_, e := pipe.Exec(ctx)
+	if e == nil || errors.Is(e, redis.Nil) {
+		e = nil
+		if list, _ := followers.Text(); list != "" {
+			pipe = w.rdb.Pipeline()
+			for f := range strings.SplitSeq(list, ",") {
+				if f != export {
+					markPipe(ctx, pipe, w.cfg.KeyPrefix, f, []string{id}, ok, ttl)
+				}
+			}
+			_, e = pipe.Exec(ctx)
+		}
+	}
+	if e != nil {
+		w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
 	}
 }

@@ -35,11 +35,16 @@ func queuePausedKey(prefix, vendor string) string {
 	return prefix + ":{" + bucketName(vendor) + "}:queue-paused"
 }
 
-// Export keys: a hash with vendor, total and created, and two sets of task
-// ids (a re-run after a crash counts once), hash-tagged by export id.
+// Export keys: a hash with vendor, created and queued, two sets of task
+// ids (a re-run after a crash counts once), and its calls in order,
+// hash-tagged by export id.
 func exportKey(prefix, id string) string       { return prefix + ":export:{" + id + "}" }
 func exportDoneKey(prefix, id string) string   { return exportKey(prefix, id) + ":done" }
 func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + ":failed" }
+
+// exportCallsKey is the sorted set of an export's call ids, scored by
+// their place in it (see exportSeq).
+func exportCallsKey(prefix, id string) string { return exportKey(prefix, id) + ":calls" }
 
 // aliveKey is the sorted set of live workers (see alive.go), of every
 // vendor.
@@ -55,3 +60,10 @@ func keptKey(prefix string) string { return prefix + ":kept" }
 // (claim.go); both carry the vendor's hash tag.
 func claimsKey(prefix, vendor string) string { return prefix + ":{" + bucketName(vendor) + "}:ids" }
 func roomKey(prefix, vendor string) string   { return prefix + ":{" + bucketName(vendor) + "}:room" }
+
+// pullCursorsKey is the hash of the cursors (or next URLs) a pull's
+// pages were asked with (cursor -> page), to stop a pull that loops; it
+// carries the vendor's hash tag and expires with the export's progress.
+func pullCursorsKey(prefix, vendor, root string) string {
+	return prefix + ":{" + bucketName(vendor) + "}:pull:" + root
+}

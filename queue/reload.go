@@ -123,6 +123,7 @@ func (w *Worker) commitLocked(p *plan) ([]*vendorRuntime, error) {
 			// goroutines read (the supervisor, a server starting).
 			nv := *rt.applied.Load()
 			nv.Policy, nv.PerAccount, nv.Overrides, nv.Total = v.Policy, v.PerAccount, v.Overrides, v.Total
+			nv.MaxAnswer, nv.KeepHeaders = v.MaxAnswer, v.KeepHeaders
 			rt.applied.Store(&nv)
 		}
 	}

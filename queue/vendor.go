@@ -30,6 +30,12 @@ type Vendor struct {
 	// QueueLimit is how many calls may wait in the vendor's queue; 0
 	// means no bound.
 	QueueLimit int
+	// MaxAnswer is how many bytes of an answer's body a call keeps with
+	// its result (see CallResult): 0 for DefaultMaxAnswer, NoAnswerBody
+	// for none, at most MaxMaxAnswer. KeepHeaders names the answer's
+	// headers it keeps. Both apply to the next call on a reload.
+	MaxAnswer   int64
+	KeepHeaders []string
 	// Concurrency is the vendor's worker budget: tasks waiting for a tick
 	// or calling at once in one worker process. 0 sizes it from the rate.
 	Concurrency int

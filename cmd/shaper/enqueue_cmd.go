@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -204,112 +203,6 @@ func unwrapJoined(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
-}
-
-func newExportCmd() *cobra.Command {
-	var vendor, account, file, id string
-	var wait bool
-	cmd := &cobra.Command{
-		Use:   "export",
-		Short: "Queue a call file as one named export, and optionally wait for it",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if vendor == "" || file == "" {
-				return errors.New("--vendor and --file are required")
-			}
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
-				cf, err := readCalls(cmd, file, account, 0, "")
-				if err != nil {
-					return err
-				}
-				e, res, err := c.StartExport(ctx, id, vendor, cf.calls)
-				if err != nil {
-					return badLines(cf.name, err)
-				}
-				out := cmd.OutOrStdout()
-				fmt.Fprintf(out, "export %s: %d calls on vendor %s (enqueued %d, already queued %d)\n", e.ID, e.Total, vendor, res.Enqueued, res.AlreadyQueued)
-				if !wait {
-					fmt.Fprintf(out, "follow it with: shaper export status %s\n", e.ID)
-					return nil
-				}
-				return watchExport(ctx, out, c, e.ID)
-			})
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&vendor, "vendor", "", "vendor name")
-	f.StringVar(&account, "account", "", "the account of a per-account vendor, for every line that names none")
-	f.StringVar(&file, "file", "", "NDJSON call file, - for stdin")
-	f.StringVar(&id, "id", "", "export id (default: a fresh one); re-running with the same id and call ids queues nothing twice")
-	f.BoolVar(&wait, "wait", false, "show progress until the export completes")
-	cmd.AddCommand(&cobra.Command{
-		Use:   "status ID",
-		Short: "Report an export's progress",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(ctx context.Context, cfg *config.Config, _ redis.UniversalClient, c *queue.Client) error {
-				e, err := c.ExportStatus(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				state := "running"
-				if e.Finished() {
-					state = "finished"
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "export %s on %s: %s, %d done, %d failed, %d total (started %s)\n",
-					e.ID, e.Vendor, state, e.Done, e.Failed, e.Total, e.Created.Format(time.RFC3339))
-				return nil
-			})
-		},
-	})
-	return cmd
-}
-
-// watchExport prints progress (done, failed, total, rate, ETA) until the
-// export finishes, then a summary.
-func watchExport(ctx context.Context, out io.Writer, c *queue.Client, id string) error {
-	tty := isTerminal(out)
-	start := time.Now()
-	var first queue.Export
-	lastPrint := time.Time{}
-	for i := 0; ; i++ {
-		e, err := c.ExportStatus(ctx, id)
-		if err != nil {
-			return err
-		}
-		if i == 0 {
-			first = e
-		}
-		elapsed := time.Since(start)
-		ended := e.Done + e.Failed - first.Done - first.Failed
-		rate := float64(ended) / max(elapsed.Seconds(), 0.001)
-		eta := "?"
-		if rate > 0 {
-			eta = (time.Duration(float64(e.Total-e.Done-e.Failed)/rate) * time.Second).Round(time.Second).String()
-		}
-		line := fmt.Sprintf("%s %d/%d done, %d failed, %.1f calls/s, ETA %s", bar(e.Done+e.Failed, e.Total, 30), e.Done, e.Total, e.Failed, rate, eta)
-		if tty {
-			fmt.Fprintf(out, "\r%s   ", line)
-		} else if time.Since(lastPrint) >= 5*time.Second || e.Finished() {
-			fmt.Fprintln(out, line)
-			lastPrint = time.Now()
-		}
-		if e.Finished() {
-			if tty {
-				fmt.Fprintln(out)
-			}
-			fmt.Fprintf(out, "export %s finished in %s: %d done, %d failed of %d\n", id, elapsed.Round(100*time.Millisecond), e.Done, e.Failed, e.Total)
-			if e.Failed > 0 {
-				return fmt.Errorf("%d call(s) of export %s failed; see the archived tasks of queue %s", e.Failed, id, queue.QueueName(e.Vendor))
-			}
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }
 
 func bar(n, total int64, width int) string {
