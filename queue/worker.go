@@ -251,6 +251,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 	w.health.log = w.log
 	w.health.kept = newRedisKept(rdb, cfg.KeyPrefix, w.log)
 	w.live = newLiveness(rdb, cfg.KeyPrefix, w.gate.Replica())
+	w.live.handled = w.advertised // with every heartbeat (handlers.go)
 	for _, v := range cfg.Vendors {
 		rt, err := w.newRuntime(v)
 		if err != nil {
@@ -321,8 +322,12 @@ func (w *Worker) AccountBacklogs(ctx context.Context) (map[string]int64, error) 
 
 // Handle registers the handler of tasks of taskType (enqueued with
 // Client.EnqueueTask) on every vendor's queue, including vendors added
-// later by Apply. It may be called at any time; a task whose type has no
-// handler yet fails and is retried.
+// later by Apply. It may be called at any time; the worker advertises
+// the type to the others with its next heartbeat. A worker that takes a
+// task whose type it has no handler for gives it back to its queue,
+// without using a retry, while another worker serving the task's vendor
+// advertised a handler for it within the last minute, and otherwise
+// archives it at once with an error naming the type and the vendor.
 func (w *Worker) Handle(taskType string, h HandlerFunc) error {
 	switch {
 	case taskType == TypeCall:
