@@ -57,7 +57,7 @@ func (w *Worker) handleRun(rt *vendorRuntime) asynq.HandlerFunc {
 		}
 		h := w.handler(t.Type())
 		if h == nil {
-			return w.noHandler(ctx, rt, t) // left for a worker that has one, or archived (handlers.go)
+			return fmt.Errorf("queue: no handler for task type %q on vendor %s's queue; register it with Worker.Handle (retried)", t.Type(), rt.vendor.Name)
 		}
 		account := t.Headers()[accountHeader]
 		client, err := rt.clientFor(account)
@@ -257,9 +257,14 @@ func redact(b []byte, secrets []string) []byte {
 // storeAnswer stores a call's answer as its task's result: once per run,
 // the last attempt's (an attempt answered with a 429 has none).
 func (w *Worker) storeAnswer(t *asynq.Task, vendor, id string, res CallResult) {
-	stored, err := json.Marshal(res)
+	// A JSON body is kept as the vendor wrote it, but for the white space
+	// between its tokens: no HTML escaping.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(res)
 	if err == nil {
-		_, err = t.ResultWriter().Write(stored)
+		_, err = t.ResultWriter().Write(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
 	}
 	if err != nil && !w.health.quiet(err) {
 		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
