@@ -57,7 +57,7 @@ func (w *Worker) handleRun(rt *vendorRuntime) asynq.HandlerFunc {
 		}
 		h := w.handler(t.Type())
 		if h == nil {
-			return fmt.Errorf("queue: no handler for task type %q on vendor %s's queue; register it with Worker.Handle (retried)", t.Type(), rt.vendor.Name)
+			return w.noHandler(ctx, rt, t) // left for a worker that has one, or archived (handlers.go)
 		}
 		account := t.Headers()[accountHeader]
 		client, err := rt.clientFor(account)
