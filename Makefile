@@ -3,7 +3,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: bench-order build test test-redis test-browser test-nginx test-examples test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
+.PHONY: bench-export bench-order build test test-redis test-browser test-nginx test-examples test-race test-long test-long-cli test-long-race test-long-unraced bench bench-api bench-idle bench-learn lint fuzz fuzz-short fuzz-short-input fuzz-short-vendor faults ui-screenshot
 
 # The binary, into bin/ (shaper/ at the root is the gate's package, so
 # go build -o shaper would write into it).
@@ -149,6 +149,14 @@ bench-order:
 	$(GO) test -tags orderbar -count=1 -v -run '^TestOrderBar$$' ./queue > order.txt 2>&1; rc=$$?; \
 	kill $$a $$b; grep -v '^    worker_test' order.txt; rm -f order.txt; exit $$rc
 
+# Issue 42's export bar (docs/results.md): 2,000 POST calls answered
+# with 4 KB JSON bodies through three worker processes at 100/s (fixed
+# windows, hidden phase), `shaper export --wait --out answers.ndjson`:
+# every answer whole and in order, no window over the limit, and the
+# peak resident memory of the CLI and the workers. About 30 s.
+bench-export:
+	$(GO) test -tags exportbar -count=1 -v -run '^TestExportBar$$' ./cmd/shaper | grep -v '^    .*level='
+
 # What serving 200 idle vendors costs in Redis commands/s, goroutines and
 # CPU, beside plain asynq on the same queues (writes docs/idle.md; 1 minute).
 bench-idle:
@@ -166,6 +174,7 @@ lint:
 	$(GO) vet -tags nginx ./internal/nginxtest
 	$(GO) vet -tags examples ./internal/api
 	$(GO) vet -tags orderbar ./queue
+	$(GO) vet -tags exportbar ./cmd/shaper
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags browser ./cmd/shaper
 	$(STATICCHECK) -tags nginx ./internal/nginxtest
