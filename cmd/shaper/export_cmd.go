@@ -336,6 +336,7 @@ func first(s []string, n int) []string {
 	}
 	return s
 }
+
 // watchExport prints progress (done, failed, total, rate, ETA) until the
 // export finishes, then a summary.
 func watchExport(ctx context.Context, out io.Writer, c *queue.Client, id string) error {
@@ -382,4 +383,3 @@ func watchExport(ctx context.Context, out io.Writer, c *queue.Client, id string)
 		}
 	}
 }
-

@@ -364,4 +364,3 @@ func TestExportFailedAndRetried(t *testing.T) {
 		t.Errorf("the vendor saw %d keys, want %d", len(seen), n)
 	}
 }
-
