@@ -76,6 +76,10 @@ type Explanation struct {
 	// attempts).
 	Body     string `json:"body_excerpt,omitempty"`
 	Attempts int    `json:"attempts,omitempty"`
+	// Answer is the whole answer the call kept (CallResult: status,
+	// kept headers, the body up to its vendor's max_answer), for a call
+	// that ended.
+	Answer json.RawMessage `json:"answer,omitempty"`
 }
 
 // Explain finds task id in the vendors' queues and says what it waits for
@@ -171,7 +175,7 @@ func (c *Client) explain(ctx context.Context, v Vendor, lane shaper.Lane, info *
 		e.Binding = BindDone
 		var res CallResult
 		if json.Unmarshal(info.Result, &res) == nil && res.Status > 0 {
-			e.Status, e.Body = res.Status, res.BodyExcerpt(excerptBytes)
+			e.Status, e.Body, e.Answer = res.Status, res.BodyExcerpt(excerptBytes), info.Result
 		}
 		e.Attempts = info.Retried + 1
 		if !info.CompletedAt.IsZero() {

@@ -26,9 +26,11 @@ its lane and place in it, the limit that binds (a backlog at the effective
 rate, a pause and why, a spent quota, the in-flight cap, a schedule), and
 an estimated start; for a call that ran, when it ended, its answer and its
 retries. The answer is the vendor's status and the start of its body as
-stored with the call (body_excerpt in --json: up to 512 bytes, with the
-vendor's and the call's header values and query values redacted; quoted in
-the text). Header values and query strings are never shown: an error names
+stored with the call (quoted in the text; body_excerpt in --json: up to
+512 bytes), and in --json the whole answer kept (answer: status, the
+headers keep_headers names, the body up to max_answer), with the vendor's
+and the call's header values and query values redacted. An export's
+answers read back together: shaper export results. Header values and query strings are never shown: an error names
 the call's path without its query.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

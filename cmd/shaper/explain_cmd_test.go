@@ -180,8 +180,8 @@ func TestExplainEstimateOnABacklog(t *testing.T) {
 }
 
 // TestExplainShowsWhatItsHelpSays: for a finished call, explain shows
-// the start of the vendor's answer (text and --json's body_excerpt), as
-// its help says, with the secrets the vendor echoed redacted and the
+// the start of the vendor's answer (text and --json's body_excerpt) and
+// the whole answer (--json's answer), as its help says, with the secrets the vendor echoed redacted and the
 // path's query left out.
 func TestExplainShowsWhatItsHelpSays(t *testing.T) {
 	t.Parallel()
@@ -219,6 +219,13 @@ func TestExplainShowsWhatItsHelpSays(t *testing.T) {
 	want := "no such order; you sent [redacted] and [redacted]"
 	if ex.Status != http.StatusBadRequest || ex.Body != want {
 		t.Errorf("explain --json: status %d, body_excerpt %q; want 400, %q", ex.Status, ex.Body, want)
+	}
+	var answer struct {
+		Status int
+		Text   string
+	}
+	if err := json.Unmarshal(ex.Answer, &answer); err != nil || answer.Status != http.StatusBadRequest || answer.Text != want {
+		t.Errorf("explain --json: answer %s (%v); want the whole answer, status 400 and text %q", ex.Answer, err, want)
 	}
 	if !strings.Contains(text, fmt.Sprintf("answer: HTTP 400: %q", want)) {
 		t.Errorf("explain's text lacks the answer:\n%s", text)
