@@ -1,13 +1,17 @@
 // Package api is shaper's HTTP API, for services in any language: POST
 // calls to queue them (one JSON call, or NDJSON of many), GET one to
 // follow it, optionally holding the request until it ends, DELETE one
-// that has not started. It calls queue.Client and adds nothing to the
-// gate. Its OpenAPI document (openapi.json, served at /v1/openapi.json)
-// describes every route; TestOpenAPI checks it against the handlers.
+// that has not started; POST an export (NDJSON calls whose answers are
+// kept), follow its progress, stream its answers back in its order,
+// retry its failed calls or cancel the rest. It calls queue.Client and
+// adds nothing to the gate. Its OpenAPI document (openapi.json, served
+// at /v1/openapi.json) describes every route; TestOpenAPI checks it
+// against the handlers.
 //
-// Every answer is JSON. A refusal says what to fix (Refusal): {"error":
-// "..."}, with "lines" for the calls of a body that are wrong (nothing of
-// such a body is queued).
+// Every answer is JSON but an export's results (NDJSON, one line per
+// call). A refusal says what to fix (Refusal): {"error": "..."}, with
+// "lines" for the calls of a body that are wrong (nothing of such a
+// body is queued).
 package api
 
 import (
@@ -48,12 +52,18 @@ type Options struct {
 	// (Authorization: Bearer TOKEN), compared in constant time. Serve
 	// without one on a loopback address only (ui.CheckAddr).
 	Token string
-	// MaxBody bounds a POST's body (413 above); default DefaultMaxBody.
+	// MaxBody bounds a POST /v1/calls body (413 above); default
+	// DefaultMaxBody.
 	MaxBody int64
+	// MaxExportBody bounds a POST /v1/exports body (413 above), which is
+	// spooled to a temporary file in $TMPDIR while its calls are
+	// checked and queued; default DefaultMaxExportBody.
+	MaxExportBody int64
 	// MaxWait bounds GET's ?wait=; default DefaultMaxWait.
 	MaxWait time.Duration
-	// MaxWaiting bounds the GETs with ?wait= held at once; one more is
-	// answered 503 with Retry-After. Default DefaultMaxWaiting.
+	// MaxWaiting bounds the requests held at once, GETs with ?wait= and
+	// results with ?follow=true; one more is answered 503 with
+	// Retry-After. Default DefaultMaxWaiting.
 	MaxWaiting int
 	// Poll is how often a waiting GET looks at its call, while up to
 	// pollShare wait; default 20 ms. With more waiting, each looks
@@ -69,13 +79,25 @@ type Options struct {
 
 type server struct {
 	o       Options
-	waiting chan struct{} // a slot per GET holding a ?wait=
+	waiting chan struct{} // a slot per request held: a GET's ?wait=, a follow
+	// base ends when the server shuts down (shutdown): it ends the
+	// follows, which would hold it until the export finishes.
+	base     context.Context
+	shutdown context.CancelFunc
 }
 
 // New returns the API's handler.
 func New(o Options) http.Handler {
+	h, _ := newServer(o)
+	return h
+}
+
+func newServer(o Options) (http.Handler, *server) {
 	if o.MaxBody <= 0 {
 		o.MaxBody = DefaultMaxBody
+	}
+	if o.MaxExportBody <= 0 {
+		o.MaxExportBody = DefaultMaxExportBody
 	}
 	if o.MaxWait <= 0 {
 		o.MaxWait = DefaultMaxWait
@@ -87,22 +109,29 @@ func New(o Options) http.Handler {
 		o.MaxWaiting = DefaultMaxWaiting
 	}
 	s := &server{o: o, waiting: make(chan struct{}, o.MaxWaiting)}
+	s.base, s.shutdown = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
 	for _, r := range s.routes() {
 		mux.HandleFunc(r.pattern, r.handler)
 	}
-	return s.guard(s.auth(mux))
+	return s.guard(s.auth(mux)), s
 }
 
 // NewServer returns the server of the API of o (New, Traced), with
 // httpguard's timeouts and a write timeout longer than the longest
-// ?wait= (Options.MaxWait).
+// ?wait= (Options.MaxWait). An export's body and results stream push
+// their own deadlines as they go (they may take longer); its Shutdown
+// ends the follows of results at once (their clients see the stream
+// break), and lets the other requests finish.
 func NewServer(o Options, log *slog.Logger) *http.Server {
 	wait := o.MaxWait
 	if wait <= 0 {
 		wait = DefaultMaxWait
 	}
-	return httpguard.NewServer(Traced(New(o), nil), httpguard.ReadTimeout+wait+30*time.Second, log)
+	h, s := newServer(o)
+	srv := httpguard.NewServer(Traced(h, nil), httpguard.ReadTimeout+wait+30*time.Second, log)
+	srv.RegisterOnShutdown(s.shutdown)
+	return srv
 }
 
 // guard refuses a request whose Host does not name the API (421) and,
@@ -129,6 +158,11 @@ func (s *server) routes() []route {
 		{"POST /v1/calls", s.post},
 		{"GET /v1/calls/{id}", s.get},
 		{"DELETE /v1/calls/{id}", s.delete},
+		{"POST /v1/exports", s.postExport},
+		{"GET /v1/exports/{id}", s.getExport},
+		{"GET /v1/exports/{id}/results", s.getResults},
+		{"POST /v1/exports/{id}/retry", s.retryExport},
+		{"POST /v1/exports/{id}/cancel", s.cancelExport},
 		{"GET /v1/openapi.json", serveOpenAPI},
 	}
 }
@@ -406,11 +440,19 @@ func lines(err error) []lineError {
 	return out
 }
 
+// unjoin lists the errors joined in err, joins of joins flattened (an
+// export's source returns its bad lines joined, and StartExportFrom
+// joins that with its own).
 func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
 	}
-	return []error{err}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, unjoin(e)...)
+	}
+	return out
 }
 
 // get answers what a call waits for, or how it ended (queue.Explanation).

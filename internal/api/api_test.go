@@ -69,11 +69,20 @@ type setup struct {
 // config (200 calls a second by default).
 func newSetup(t *testing.T, o Options, limit int, work bool, tweak ...func(*queue.Vendor)) setup {
 	t.Helper()
+	v := newVendor(t)
+	s := newSetupAt(t, o, v.srv.URL, limit, work, tweak...)
+	s.v = v
+	return s
+}
+
+// newSetupAt is newSetup for a vendor of the test's own at baseURL
+// (setup.v is nil).
+func newSetupAt(t *testing.T, o Options, baseURL string, limit int, work bool, tweak ...func(*queue.Vendor)) setup {
+	t.Helper()
 	rdb := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	v := newVendor(t)
 	name := "api-" + strings.ReplaceAll(prefix, ":", "-")
-	vend := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: v.srv.URL, Timeout: 5 * time.Second},
+	vend := queue.Vendor{Endpoint: vendorclients.Endpoint{Name: name, BaseURL: baseURL, Timeout: 5 * time.Second},
 		Policy: shaper.Policy{Limits: []shaper.Limit{{Rate: 200, Window: time.Second}}}, QueueLimit: limit}
 	for _, f := range tweak {
 		f(&vend)
@@ -98,7 +107,7 @@ func newSetup(t *testing.T, o Options, limit int, work bool, tweak ...func(*queu
 	o.Client = c
 	srv := httptest.NewServer(checkedByOpenAPI(t, New(o)))
 	t.Cleanup(srv.Close)
-	return setup{url: srv.URL, vendor: name, client: c, v: v}
+	return setup{url: srv.URL, vendor: name, client: c}
 }
 
 type answer struct {

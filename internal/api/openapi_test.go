@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -110,54 +111,87 @@ func (d *openAPIDoc) resolve(s *schema) *schema {
 
 // checkedByOpenAPI wraps the API so that each of its answers in a test
 // is checked against openapi.json: the route and method are documented,
-// the status is among the operation's responses, the answer is JSON and
-// its headers (Retry-After, WWW-Authenticate) are those documented.
+// the status is among the operation's responses, the answer's media
+// type is one the response documents (JSON, or NDJSON for results) and
+// its headers (Retry-After, WWW-Authenticate, Location) are those
+// documented. The answer passes through as it is written (a results
+// stream is flushed as the handler flushes it); the checks run when the
+// handler returns.
 func checkedByOpenAPI(t *testing.T, h http.Handler) http.Handler {
 	d := loadDoc(t)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := httptest.NewRecorder()
+		rec := &recorder{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
+		if rec.code == 0 {
+			rec.code = http.StatusOK
 		}
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(rec.Body.Bytes())
 		pattern, o, err := d.op(r.Method, r.URL.Path)
 		switch {
 		case err != nil:
 			t.Errorf("openapi.json: %v", err)
 			return
 		case o == nil:
-			t.Errorf("%s %s: answered %d, and openapi.json has no such operation", r.Method, r.URL.Path, rec.Code)
+			t.Errorf("%s %s: answered %d, and openapi.json has no such operation", r.Method, r.URL.Path, rec.code)
 			return
 		}
-		resp, ok := o.Responses[strconv.Itoa(rec.Code)]
+		resp, ok := o.Responses[strconv.Itoa(rec.code)]
 		if !ok {
-			t.Errorf("%s answered %d %s; openapi.json documents %v", pattern, rec.Code, rec.Body.Bytes(), slices.Sorted(mapKeys(o.Responses)))
+			t.Errorf("%s answered %d %s; openapi.json documents %v", pattern, rec.code, rec.start.Bytes(), slices.Sorted(mapKeys(o.Responses)))
 			return
 		}
 		if resp.Ref != "" {
 			var shared struct {
 				Headers map[string]json.RawMessage `json:"headers"`
+				Content map[string]json.RawMessage `json:"content"`
 			}
 			_ = json.Unmarshal(d.Comps.Responses[strings.TrimPrefix(resp.Ref, "#/components/responses/")], &shared)
-			resp.Headers = shared.Headers
+			resp.Headers, resp.Content = shared.Headers, shared.Content
 		}
-		if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-			t.Errorf("%s %d: Content-Type %q, documented application/json", pattern, rec.Code, ct)
+		ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
+		if _, documented := resp.Content[ct]; !documented {
+			t.Errorf("%s %d: Content-Type %q, documented %v", pattern, rec.code, ct, slices.Sorted(mapKeys(resp.Content)))
 		}
 		for name := range resp.Headers {
-			if rec.Header().Get(name) == "" {
-				t.Errorf("%s %d: no %s header, which openapi.json documents", pattern, rec.Code, name)
+			if w.Header().Get(name) == "" {
+				t.Errorf("%s %d: no %s header, which openapi.json documents", pattern, rec.code, name)
 			}
 		}
-		for _, name := range []string{"Retry-After", "WWW-Authenticate"} {
-			if _, documented := resp.Headers[name]; rec.Header().Get(name) != "" && !documented {
-				t.Errorf("%s %d: sends %s, which openapi.json does not document", pattern, rec.Code, name)
+		for _, name := range []string{"Retry-After", "WWW-Authenticate", "Location"} {
+			if _, documented := resp.Headers[name]; w.Header().Get(name) != "" && !documented {
+				t.Errorf("%s %d: sends %s, which openapi.json does not document", pattern, rec.code, name)
 			}
 		}
 	})
 }
+
+// recorder passes an answer through, keeping its status and its first
+// bytes (for errors).
+type recorder struct {
+	http.ResponseWriter
+	code  int
+	start bytes.Buffer
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	if n := 512 - r.start.Len(); n > 0 {
+		r.start.Write(p[:min(n, len(p))])
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (Flush,
+// deadlines).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func mapKeys[M ~map[string]V, V any](m M) func(func(string) bool) {
 	return func(yield func(string) bool) {
@@ -245,6 +279,14 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Refusal":     Refusal{},
 		"LineError":   lineError{},
 		"Cancelled":   Cancelled{},
+		// Exports.
+		"Export":        ExportProgress{},
+		"ExportStarted": ExportStarted{},
+		"ResultLine":    queue.ResultLine{},
+		"Answer":        queue.CallResult{},
+		"ExportRetry":   queue.ExportRetry{},
+		"ExportCancel":  queue.ExportCancel{},
+		"Next":          queue.Next{},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := d.Comps.Schemas[name]
@@ -275,7 +317,10 @@ func TestOpenAPISchemas(t *testing.T) {
 	t.Run("Call", func(t *testing.T) {
 		s := d.Comps.Schemas["Call"]
 		for _, f := range jsonFields(reflect.TypeOf(queue.Call{})) {
-			if f.name == "export" { // set by StartExport, not by a call line
+			switch f.name {
+			case "export", "seq": // set by StartExport, not by a call line
+				continue
+			case "pull": // set by the worker on the pages it queues
 				continue
 			}
 			p := d.resolve(s.Properties[f.name])
@@ -297,6 +342,7 @@ func TestOpenAPICallFieldsAccepted(t *testing.T) {
 	sample := map[string]any{
 		"vendor": s.vendor, "path": "/a", "id": "fields-1", "account": "", "method": "POST", "headers": map[string]string{"X-A": "b"},
 		"body": map[string]int{"n": 1}, "cost": 1, "priority": "high", "callback": map[string]string{"url": "https://hooks.example.com/x"},
+		"next": map[string]string{"cursor": "/meta/next_cursor", "param": "cursor"}, "max_pages": 5,
 	}
 	props := d.Comps.Schemas["Call"].Properties
 	if d.Comps.Schemas["Call"].Additional != false {
@@ -349,9 +395,20 @@ func jsonFields(t reflect.Type) []jsonField {
 	return out
 }
 
+// rawTypes are the Go types of the JSON a json.RawMessage field holds,
+// where it always holds one: a results line's answer, and an explained
+// call's, is a stored queue.CallResult.
+var rawTypes = map[string]reflect.Type{
+	"ResultLine.answer":  reflect.TypeOf(queue.CallResult{}),
+	"Explanation.answer": reflect.TypeOf(queue.CallResult{}),
+}
+
 // checkType checks that schema p describes values of Go type typ.
 func checkType(t *testing.T, d *openAPIDoc, where string, typ reflect.Type, p *schema) {
 	t.Helper()
+	if raw, ok := rawTypes[where]; ok && typ == reflect.TypeOf(json.RawMessage{}) {
+		typ = raw
+	}
 	if typ == reflect.TypeOf(json.RawMessage{}) {
 		if p.Type != "" {
 			t.Errorf("%s: any JSON value, and the schema says %q", where, p.Type)
