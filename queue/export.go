@@ -3,7 +3,9 @@ package queue
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -27,8 +29,12 @@ const exportChunk = 500
 const maxFollowers = 16
 
 // ErrUnknownExport is returned for an export id that does not exist (or
-// expired with its retention).
-var ErrUnknownExport = errors.New("queue: unknown export")
+// expired with its retention); ErrExportExists by StartExportFrom for an
+// id that names an export of another vendor, or of other calls.
+var (
+	ErrUnknownExport = errors.New("queue: unknown export")
+	ErrExportExists  = errors.New("queue: the export id is taken")
+)
 
 // Export is a named group of calls on one vendor, tracked to completion.
 // Its calls have an order (the order they were given in; a pull's pages
@@ -127,12 +133,18 @@ func (c *Client) StartExportFrom(ctx context.Context, id, vendor string, src Cal
 	} else if !idRe.MatchString(id) || len(id) > maxExportID {
 		return ExportStart{}, fmt.Errorf("%w: export id %q: use 1-%d letters, digits and ._:@/+=-", ErrBadCall, id, maxExportID)
 	}
-	// Check every call first, keeping nothing but the errors.
+	// Check every call first, keeping nothing but the errors and a digest
+	// of the calls (a re-run under the same id must give the same calls).
 	var errs []error
 	n := 0
+	digest := sha256.New()
 	err = src(func(call Call) error {
 		n++
 		call.Vendor, call.Export = vendor, id
+		if b, err := json.Marshal(call); err == nil {
+			digest.Write(b)
+			digest.Write([]byte{'\n'})
+		}
 		if err := c.checkCall(&call); err != nil {
 			if errors.Is(err, ErrUnknownVendor) {
 				return err
@@ -145,7 +157,13 @@ func (c *Client) StartExportFrom(ctx context.Context, id, vendor string, src Cal
 		}
 		return nil
 	})
-	if err = errors.Join(err, errors.Join(errs...)); err != nil {
+	if j, ok := err.(interface{ Unwrap() []error }); ok { // the source's bad lines
+		errs, err = append(j.Unwrap(), errs...), nil
+	}
+	if err != nil {
+		return ExportStart{}, err
+	}
+	if err = errors.Join(errs...); err != nil {
 		return ExportStart{}, err
 	}
 	if n == 0 {
@@ -162,15 +180,24 @@ func (c *Client) StartExportFrom(ctx context.Context, id, vendor string, src Cal
 	}
 	key := exportKey(c.cfg.KeyPrefix, id)
 	ttl := c.cfg.Retention + exportGrace
+	sum := hex.EncodeToString(digest.Sum(nil))
 	pipe := c.rdb.TxPipeline()
 	pipe.HSetNX(ctx, key, "created", time.Now().UTC().Format(time.RFC3339))
-	pipe.HSet(ctx, key, "vendor", vendor)
+	pipe.HSetNX(ctx, key, "vendor", vendor)
 	pipe.HSetNX(ctx, key, "total", n) // read by shapers before ordered exports
+	pipe.HSetNX(ctx, key, "digest", sum)
 	pipe.Expire(ctx, key, ttl)
+	was := pipe.HMGet(ctx, key, "vendor", "digest")
 	if _, err := pipe.Exec(ctx); err != nil {
 		return ExportStart{}, fmt.Errorf("queue: record export %s: %w", id, err)
 	}
-	var out ExportStart
+	switch v := was.Val(); {
+	case v[0] != vendor:
+		return ExportStart{}, fmt.Errorf("%w: export %s is on vendor %v, not %s: give this export another id", ErrExportExists, id, v[0], vendor)
+	case v[1] != sum:
+		return ExportStart{}, fmt.Errorf("%w: export %s was started with other calls (run again, an export must be given the same calls, in the same order): give these calls another export id", ErrExportExists, id)
+	}
+	out := ExportStart{Export: Export{ID: id, Vendor: vendor}}
 	chunk := make([]Call, 0, exportChunk)
 	flush := func() error {
 		if len(chunk) == 0 {

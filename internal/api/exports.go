@@ -134,6 +134,9 @@ func (s *server) postExport(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, queue.ErrUnknownVendor):
 		writeError(w, http.StatusBadRequest, err.Error(), nil)
 		return
+	case errors.Is(err, queue.ErrExportExists):
+		writeError(w, http.StatusConflict, err.Error(), nil)
+		return
 	case errors.Is(err, queue.ErrQueueFull):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, err.Error()+"; try again when it has drained", nil)
