@@ -41,6 +41,19 @@ workers:
   DELETE /v1/calls/{id}
                        cancels a call that has not started (409 once a
                        worker holds it)
+  POST /v1/exports?vendor=NAME[&id=ID]
+                       an export: its calls, one per line
+                       (application/x-ndjson), as shaper export --file
+                       takes them; posted again under its id, it queues
+                       nothing twice
+  GET  /v1/exports/{id}
+                       its progress (shaper export status --json)
+  GET  /v1/exports/{id}/results[?follow=true][&state=failed]
+                       its answers as NDJSON in its order, streamed
+                       (shaper export results)
+  POST /v1/exports/{id}/retry, POST /v1/exports/{id}/cancel
+                       runs its failed calls again; cancels what has not
+                       started
   GET  /v1/openapi.json
                        the OpenAPI 3.1 document of all of it
 
