@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -41,7 +42,8 @@ type ResultLine struct {
 	Error    string          `json:"error,omitempty"`
 	Answer   json.RawMessage `json:"answer,omitempty"`
 
-	big bool // its answer is over readLines' budget: read it alone
+	big bool   // its answer is over readLines' budget: read it alone
+	end string // its task's end mark (shaper_end: "ok", "failed"), set before asynq records the end
 }
 
 // ended reports whether the line's call has ended for good.
@@ -228,6 +230,7 @@ func (c *Client) readLines(ctx context.Context, export, vendor string, ids []str
 				continue
 			}
 			msg, _ := v[1].(string)
+			lines[i].end, _ = v[2].(string)
 			retried, lastErr := taskMsgRetries([]byte(msg))
 			lines[i].Attempts, lines[i].Error = retried+1, lastErr
 			switch state {
@@ -383,13 +386,22 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 				}
 				continue
 			case CallFailed:
+			case CallRunning:
+				if l.end != "failed" {
+					continue
+				}
+				// It ended failed and asynq is archiving it: the export
+				// counts it failed already (runAgain waits for it).
 			default:
 				continue
 			}
-			if err := c.runAgain(ctx, insp, id, e.Vendor, l.ID); err != nil {
+			queued, err := c.runAgain(ctx, insp, id, e.Vendor, l.ID)
+			if err != nil {
 				return out, err
 			}
-			out.Queued++
+			if queued {
+				out.Queued++
+			}
 		}
 		if len(ids) < resultsPage {
 			break
@@ -401,35 +413,79 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 	return out, nil
 }
 
-// runAgain moves an archived call of export back to its queue: its end
+// archiveWait bounds how long RetryExport waits for asynq to archive a
+// call that ended failed: an export counts a call's end a moment before
+// asynq records it (see markEnd).
+const archiveWait = 5 * time.Second
+
+// Replies of rerunScript.
+const (
+	rerunNo    = 0 // not archived (or not there): nothing was changed
+	rerunReady = 1 // ready to run again
+	rerunWait  = 2 // ended failed, and asynq is archiving it: ask again
+)
+
+// rerunScript readies an archived call to run again for an export: its
+// end mark goes, and the export joins those its end is recorded in. An
+// export that adopted the call after it ended recorded that end at once
+// and is not among them; without it, the call's new end would not count
+// there and the export would never finish. Not bounded by maxFollowers:
+// the export counts the call already.
+//
+// KEYS[1] the call's task hash (asynq's; fields state, shaper_end,
+// shaper_exports); ARGV[1] the export. Returns rerunReady, rerunNo or
+// rerunWait.
+var rerunScript = redis.NewScript(`
+local k_task = KEYS[1]
+local a_export = ARGV[1]
+local state, ended, list = unpack(redis.call('HMGET', k_task, 'state', 'shaper_end', 'shaper_exports'))
+if state == 'active' and ended == 'failed' then return 2 end
+if state ~= 'archived' then return 0 end
+redis.call('HDEL', k_task, 'shaper_end')
+list = list or ''
+for e in string.gmatch(list, '[^,]+') do
+  if e == a_export then return 1 end
+end
+if list ~= '' then list = list .. ',' end
+redis.call('HSET', k_task, 'shaper_exports', list .. a_export)
+return 1
+`)
+
+// runAgain moves an archived call of export back to its queue, and
+// reports whether it did (a call run again meanwhile is not): its end
 // mark and its place among the export's failures go first, so that its
-// new end counts.
-func (c *Client) runAgain(ctx context.Context, insp *asynq.Inspector, export, vendor, id string) error {
+// new end counts, in export as in the others that count it.
+func (c *Client) runAgain(ctx context.Context, insp *asynq.Inspector, export, vendor, id string) (bool, error) {
+	deadline := time.Now().Add(archiveWait)
 	for _, lane := range []shaper.Lane{shaper.Normal, shaper.High} {
 		q := laneQueue(vendor, lane)
 		key := asynqTaskKey(q, id)
-		state, err := c.rdb.HGet(ctx, key, "state").Result()
-		if errors.Is(err, redis.Nil) {
-			continue
+		for {
+			r, err := rerunScript.Run(ctx, c.rdb, []string{key}, export).Int()
+			if err != nil {
+				return false, fmt.Errorf("queue: retry call %s: %w", id, err)
+			}
+			if r == rerunWait && time.Now().Before(deadline) {
+				select {
+				case <-ctx.Done():
+					return false, ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+				continue
+			}
+			if r != rerunReady {
+				break
+			}
+			if err := c.rdb.SRem(ctx, exportFailedKey(c.cfg.KeyPrefix, export), id).Err(); err != nil {
+				return false, fmt.Errorf("queue: retry call %s: %w (run `shaper export retry %s` again)", id, err, export)
+			}
+			if err := insp.RunTask(q, id); err != nil {
+				return false, fmt.Errorf("queue: retry call %s of export %s: %w (run `shaper export retry %s` again)", id, export, err, export)
+			}
+			return true, nil
 		}
-		if err != nil {
-			return fmt.Errorf("queue: retry call %s: %w", id, err)
-		}
-		if state != "archived" {
-			return nil // run again meanwhile
-		}
-		pipe := c.rdb.Pipeline()
-		pipe.HDel(ctx, key, "shaper_end")
-		pipe.SRem(ctx, exportFailedKey(c.cfg.KeyPrefix, export), id)
-		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("queue: retry call %s: %w", id, err)
-		}
-		if err := insp.RunTask(q, id); err != nil {
-			return fmt.Errorf("queue: retry call %s of export %s: %w (run `shaper export retry %s` again)", id, export, err, export)
-		}
-		return nil
 	}
-	return nil
+	return false, nil
 }
 
 // ExportCancel says what CancelExport did.
@@ -473,7 +529,14 @@ func (c *Client) CancelExport(ctx context.Context, id string) (ExportCancel, err
 			default:
 				continue
 			}
-			_, err := c.CancelVendor(ctx, e.Vendor, l.ID)
+			// The exports that adopted the call count it too: read them
+			// before the cancel deletes its task hash. (An export that
+			// adopts it between the two is not told.)
+			followers, err := c.followers(ctx, e.Vendor, l.ID)
+			if err != nil {
+				return out, err
+			}
+			_, err = c.CancelVendor(ctx, e.Vendor, l.ID)
 			switch {
 			case errors.Is(err, ErrStarted):
 				out.Running++
@@ -483,14 +546,38 @@ func (c *Client) CancelExport(ctx context.Context, id string) (ExportCancel, err
 			default:
 				out.Cancelled++
 				// Cancel counts it in the export that queued it; it may be
-				// one this export adopted.
-				if err := markExport(ctx, c.rdb, c.cfg.KeyPrefix, id, l.ID, false, c.cfg.Retention+exportGrace); err != nil {
+				// one this export adopted, and others may have.
+				pipe := c.rdb.Pipeline()
+				for _, x := range append(followers, id) {
+					markPipe(ctx, pipe, c.cfg.KeyPrefix, x, []string{l.ID}, false, c.cfg.Retention+exportGrace)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
 					return out, fmt.Errorf("queue: call %s is cancelled, but recording it in export %s failed: %w", l.ID, id, err)
 				}
 			}
 		}
 		if len(ids) < resultsPage {
 			break
+		}
+	}
+	return out, nil
+}
+
+// followers returns the exports that adopted call id of vendor while it
+// was queued (its task hash's shaper_exports, see adoptScript).
+func (c *Client) followers(ctx context.Context, vendor, id string) ([]string, error) {
+	pipe := c.rdb.Pipeline()
+	var lists []*redis.StringCmd
+	for _, lane := range []shaper.Lane{shaper.Normal, shaper.High} {
+		lists = append(lists, pipe.HGet(ctx, asynqTaskKey(laneQueue(vendor, lane), id), "shaper_exports"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("queue: read the exports of call %s: %w", id, err)
+	}
+	var out []string
+	for _, l := range lists {
+		if s := l.Val(); s != "" {
+			out = append(out, strings.Split(s, ",")...)
 		}
 	}
 	return out, nil
