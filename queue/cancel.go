@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/hibiken/asynq"
 
@@ -74,12 +75,19 @@ func (c *Client) CancelVendor(ctx context.Context, vendor, id string) (Cancellat
 	if err != nil {
 		return Cancellation{}, err
 	}
-	return c.cancel(ctx, insp, v.Name, lane, info)
+	// The exports that adopted the call count it too: read them before
+	// the cancel deletes its task hash. (An export that adopts it between
+	// the two is not told.)
+	followers, err := c.followers(ctx, v.Name, id)
+	if err != nil {
+		return Cancellation{}, err
+	}
+	return c.cancel(ctx, insp, v.Name, lane, info, followers)
 }
 
 // cancel deletes the task of info from its queue unless it has started
 // or ended, reading it again when asynq refuses (a worker just took it).
-func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor string, lane shaper.Lane, info *asynq.TaskInfo) (Cancellation, error) {
+func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor string, lane shaper.Lane, info *asynq.TaskInfo, followers []string) (Cancellation, error) {
 	id, q := info.ID, info.Queue
 	var err error
 	for range cancelTries {
@@ -94,7 +102,7 @@ func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor strin
 			// The id is free again: its claim went when the call was
 			// queued (only a claim's maker lets it go; a claim dropped
 			// here could be another request's, made since).
-			return c.cancelled(ctx, vendor, lane, info)
+			return c.cancelled(ctx, vendor, lane, info, followers)
 		}
 		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
 			return Cancellation{}, fmt.Errorf("%w %q: it was deleted meanwhile (another cancel?)", ErrNoTask, id)
@@ -113,19 +121,30 @@ func (c *Client) cancel(ctx context.Context, insp *asynq.Inspector, vendor strin
 	return Cancellation{}, fmt.Errorf("queue: cancel task %s: %w", id, err)
 }
 
-// cancelled records a deleted call of an export as failed, and says what
-// was cancelled.
-func (c *Client) cancelled(ctx context.Context, vendor string, lane shaper.Lane, info *asynq.TaskInfo) (Cancellation, error) {
+// cancelled records a deleted call as failed and cancelled in its export
+// and in those that adopted it (followers), and says what was cancelled.
+func (c *Client) cancelled(ctx context.Context, vendor string, lane shaper.Lane, info *asynq.TaskInfo, followers []string) (Cancellation, error) {
 	out := Cancellation{TaskID: info.ID, Vendor: vendor, Lane: lane.String(), State: info.State.String(), Retried: info.Retried}
 	var call Call
 	if info.Type == TypeCall && json.Unmarshal(info.Payload, &call) == nil {
 		out.Export = call.Export
 	}
-	if out.Export == "" {
+	exports := followers
+	if out.Export != "" {
+		exports = append(exports, out.Export)
+	}
+	if len(exports) == 0 {
 		return out, nil
 	}
-	if err := markExport(ctx, c.rdb, c.cfg.KeyPrefix, out.Export, info.ID, false, c.cfg.Retention+exportGrace); err != nil {
-		return out, fmt.Errorf("queue: call %s is cancelled, but recording it as failed in export %s failed (the export will not finish): %w", info.ID, out.Export, err)
+	ttl := c.cfg.Retention + exportGrace
+	pipe := c.rdb.Pipeline()
+	for _, e := range exports {
+		markPipe(ctx, pipe, c.cfg.KeyPrefix, e, []string{info.ID}, false, ttl)
+		pipe.SAdd(ctx, exportCancelledKey(c.cfg.KeyPrefix, e), info.ID)
+		pipe.Expire(ctx, exportCancelledKey(c.cfg.KeyPrefix, e), ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return out, fmt.Errorf("queue: call %s is cancelled, but recording it as failed in export(s) %s failed (they will not finish): %w", info.ID, strings.Join(exports, ", "), err)
 	}
 	return out, nil
 }

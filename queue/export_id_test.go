@@ -1,12 +1,15 @@
 package queue
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestExportRefusesWhatItCannotBe: an export reports every bad line of
@@ -77,5 +80,73 @@ func TestExportRefusesWhatItCannotBe(t *testing.T) {
 	}
 	if e, err := c.ExportStatus(ctx, st.ID); err != nil || e.Queued || e.State() != "queueing" || e.Finished() {
 		t.Errorf("the export cut half way: %+v (%s), %v; want it queueing, never finished", e, e.State(), err)
+	}
+}
+
+// TestGoneCallsReadBack: a call cancelled by a plain Cancel counts in the
+// export that adopted it (which finishes) and reads back cancelled there;
+// a failed call whose archived task asynq dropped (its archive holds at
+// most 10,000) reads back failed, saying so, and RetryExport lists it as
+// gone rather than counting it queued.
+func TestGoneCallsReadBack(t *testing.T) {
+	e := newEnv(t)
+	v := e.vendor("gone", policy(100), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/bad" {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		fmt.Fprint(w, `{}`)
+	}))
+	c := e.newClient()
+	ctx := context.Background()
+	// Queued by a plain enqueue before any worker runs, then adopted by
+	// the export, then cancelled.
+	if _, err := c.Enqueue(ctx, Call{Vendor: v, ID: "later", Path: "/later"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.StartExportFrom(ctx, "adopter", v, CallsOf([]Call{{ID: "later", Path: "/later"}, {ID: "bad", Path: "/bad"}}))
+	if err != nil || st.AlreadyQueued != 1 {
+		t.Fatalf("export adopting a queued call: %+v, %v", st, err)
+	}
+	if _, err := c.Cancel(ctx, "later"); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker(nil)
+	var ex Export
+	waitFor(t, 30*time.Second, "the export to finish", func() bool {
+		ex, _ = c.ExportStatus(ctx, "adopter")
+		return ex.Finished()
+	})
+	if ex.Failed != 2 || ex.Done != 0 {
+		t.Errorf("export after a plain Cancel of its adopted call and a 422: %+v; want 2 failed", ex)
+	}
+	// asynq drops the archived task of "bad" (as its archive's bound would).
+	q := QueueName(v)
+	waitFor(t, 10*time.Second, "bad to be archived", func() bool {
+		s, _ := e.rdb().HGet(ctx, asynqTaskKey(q, "bad"), "state").Result()
+		return s == "archived"
+	})
+	if err := e.rdb().Del(ctx, asynqTaskKey(q, "bad")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.rdb().ZRem(ctx, asynqKey(q, "archived"), "bad")
+	var buf bytes.Buffer
+	if _, err := c.ExportResults(ctx, "adopter", ResultsQuery{}, &buf); err != nil {
+		t.Fatal(err)
+	}
+	var lines []ResultLine
+	for _, raw := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
+		var l ResultLine
+		if err := json.Unmarshal(raw, &l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != 2 || lines[0].State != CallCancelled || lines[1].State != CallFailed || !strings.Contains(lines[1].Error, "archived task is gone") {
+		t.Errorf("results: %+v; want later cancelled, bad failed with its task gone", lines)
+	}
+	r, err := c.RetryExport(ctx, "adopter")
+	if err != nil || r.Queued != 0 || fmt.Sprint(r.Gone) != "[later bad]" {
+		t.Errorf("RetryExport = %+v, %v; want nothing queued, both gone", r, err)
 	}
 }

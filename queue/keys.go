@@ -42,6 +42,11 @@ func exportKey(prefix, id string) string       { return prefix + ":export:{" + i
 func exportDoneKey(prefix, id string) string   { return exportKey(prefix, id) + ":done" }
 func exportFailedKey(prefix, id string) string { return exportKey(prefix, id) + ":failed" }
 
+// exportCancelledKey is the set of an export's calls that were cancelled
+// (also in its failed set): a call whose task is gone reads back as
+// cancelled, not as a failure asynq's archive dropped.
+func exportCancelledKey(prefix, id string) string { return exportKey(prefix, id) + ":cancelled" }
+
 // exportCallsKey is the sorted set of an export's call ids, scored by
 // their place in it (see exportSeq).
 func exportCallsKey(prefix, id string) string { return exportKey(prefix, id) + ":calls" }

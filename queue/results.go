@@ -109,6 +109,7 @@ func (c *Client) ExportResults(ctx context.Context, id string, q ResultsQuery, w
 	enc.SetEscapeHTML(false)
 	var sum ResultsSummary
 	after := "-inf"
+	settle := time.Now().Add(archiveWait)
 	for {
 		ids, scores, err := c.exportPage(ctx, id, after, resultsPage)
 		if err != nil {
@@ -117,6 +118,17 @@ func (c *Client) ExportResults(ctx context.Context, id string, q ResultsQuery, w
 		lines, err := c.readLines(ctx, id, e.Vendor, ids, !q.Follow)
 		if err != nil {
 			return sum, err
+		}
+		if !q.Follow && ending(lines) && time.Now().Before(settle) {
+			// A call whose end is marked and not yet recorded by asynq
+			// (milliseconds): read it once recorded, with its state and
+			// error, as the export's progress already counts it.
+			select {
+			case <-ctx.Done():
+				return sum, ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
 		}
 		waiting := false
 		for i, l := range lines {
@@ -210,9 +222,11 @@ func (c *Client) readLines(ctx context.Context, export, vendor string, ids []str
 			reads[i][l] = read{pipe.HMGet(ctx, key, "state", "msg", "shaper_end"), pipe.HStrLen(ctx, key, "result")}
 		}
 	}
+	failed := make([]*redis.BoolCmd, len(ids))
 	cancelled := make([]*redis.BoolCmd, len(ids))
 	for i, id := range ids {
-		cancelled[i] = pipe.SIsMember(ctx, exportFailedKey(c.cfg.KeyPrefix, export), id)
+		failed[i] = pipe.SIsMember(ctx, exportFailedKey(c.cfg.KeyPrefix, export), id)
+		cancelled[i] = pipe.SIsMember(ctx, exportCancelledKey(c.cfg.KeyPrefix, export), id)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: read export %s's calls: %w", export, err)
@@ -262,8 +276,15 @@ func (c *Client) readLines(ctx context.Context, export, vendor string, ids []str
 			}
 			break
 		}
-		if lines[i].State == CallExpired && cancelled[i].Val() {
+		switch {
+		case lines[i].State != CallExpired:
+		case cancelled[i].Val():
 			lines[i].State = CallCancelled
+		case failed[i].Val():
+			// Failed, and its archived task gone before the export's
+			// retention: asynq keeps at most 10,000 per queue, 90 days.
+			lines[i].State = CallFailed
+			lines[i].Error = "failed; its archived task is gone (asynq keeps at most 10,000 failed tasks per queue, for 90 days), with its answer and error"
 		}
 	}
 	if len(withAnswer) > 0 {
@@ -355,8 +376,9 @@ type ExportRetry struct {
 // order, under their own ids (a vendor that deduplicates by
 // Idempotency-Key sees each as the same call). A call that failed for
 // good runs again with the retries it had left (one attempt, when they
-// were spent). A cancelled call, or one past the retention, cannot run
-// again: its id is in Gone (enqueue it again).
+// were spent). A cancelled call, or one whose archived task asynq
+// dropped (past 10,000 per queue, or 90 days), cannot run again: its id
+// is in Gone (enqueue it again).
 func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error) {
 	e, err := c.ExportStatus(ctx, id)
 	if err != nil {
@@ -380,10 +402,8 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 		for i, l := range lines {
 			after = "(" + strconv.FormatFloat(scores[i], 'f', -1, 64)
 			switch l.State {
-			case CallCancelled, CallExpired:
-				if failed, _ := c.rdb.SIsMember(ctx, exportFailedKey(c.cfg.KeyPrefix, id), l.ID).Result(); failed {
-					out.Gone = append(out.Gone, l.ID)
-				}
+			case CallCancelled:
+				out.Gone = append(out.Gone, l.ID)
 				continue
 			case CallFailed:
 			case CallRunning:
@@ -399,8 +419,11 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 			if err != nil {
 				return out, err
 			}
-			if queued {
+			switch {
+			case queued:
 				out.Queued++
+			case l.State == CallFailed && l.Attempts == 0: // its archived task is gone
+				out.Gone = append(out.Gone, l.ID)
 			}
 		}
 		if len(ids) < resultsPage {
@@ -529,13 +552,8 @@ func (c *Client) CancelExport(ctx context.Context, id string) (ExportCancel, err
 			default:
 				continue
 			}
-			// The exports that adopted the call count it too: read them
-			// before the cancel deletes its task hash. (An export that
-			// adopts it between the two is not told.)
-			followers, err := c.followers(ctx, e.Vendor, l.ID)
-			if err != nil {
-				return out, err
-			}
+			// Cancel counts it in the export that queued it and in those
+			// that adopted it (this one among them, when it did).
 			_, err = c.CancelVendor(ctx, e.Vendor, l.ID)
 			switch {
 			case errors.Is(err, ErrStarted):
@@ -545,15 +563,6 @@ func (c *Client) CancelExport(ctx context.Context, id string) (ExportCancel, err
 				return out, err
 			default:
 				out.Cancelled++
-				// Cancel counts it in the export that queued it; it may be
-				// one this export adopted, and others may have.
-				pipe := c.rdb.Pipeline()
-				for _, x := range append(followers, id) {
-					markPipe(ctx, pipe, c.cfg.KeyPrefix, x, []string{l.ID}, false, c.cfg.Retention+exportGrace)
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					return out, fmt.Errorf("queue: call %s is cancelled, but recording it in export %s failed: %w", l.ID, id, err)
-				}
 			}
 		}
 		if len(ids) < resultsPage {
@@ -581,4 +590,15 @@ func (c *Client) followers(ctx context.Context, vendor, id string) ([]string, er
 		}
 	}
 	return out, nil
+}
+
+// ending reports whether a line's call has its end marked (shaper_end)
+// and asynq has not recorded it yet.
+func ending(lines []ResultLine) bool {
+	for _, l := range lines {
+		if l.State == CallRunning && l.end != "" {
+			return true
+		}
+	}
+	return false
 }
