@@ -197,7 +197,7 @@ func TestExportPullSurvivesAKill(t *testing.T) {
 			cfg := writeConfig(t, addr, vendor, srv.URL, 20)
 			victim, vout := startWorker(t, cfg)
 			line := fmt.Sprintf(`{"id":"sync-%s","path":"/contacts?limit=100","next":%s}`+"\n", tc.style, tc.next)
-			if out, err := runShaper(t, line, "export", "--config", cfg, "--vendor", vendor, "--id", "pull-"+tc.style, "--file", "-"); err != nil {
+			if out, err := runShaper(t, line, "export", "--config", cfg, "--vendor", vendor, "--id", vendor, "--file", "-"); err != nil {
 				t.Fatalf("export: %v\n%s", err, out)
 			}
 			killAt := 10 + rand.IntN(20)
@@ -212,7 +212,7 @@ func TestExportPullSurvivesAKill(t *testing.T) {
 			startWorker(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, shaperBin(t), "export", "results", "pull-"+tc.style, "--config", cfg, "--follow")
+			cmd := exec.CommandContext(ctx, shaperBin(t), "export", "results", vendor, "--config", cfg, "--follow")
 			b, err := cmd.Output()
 			if err != nil {
 				t.Fatalf("export results --follow: %v\n%s\nthe killed worker:\n%s", err, b, vout.String())
