@@ -165,6 +165,7 @@ func dropKeysAtEnd(t *testing.T, rdb *redis.Client, prefix string, vendors ...st
 // answer costs in Redis memory (MEMORY USAGE of the task hash) against a
 // call whose vendor keeps no body.
 func TestAnswersKeptWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const token = "tok-3f9c2a7e51d04b68"
 	vend := newAnswerVendor(token)

@@ -17,6 +17,7 @@ import (
 // or to other calls (their lines without an id would be taken for the
 // first run's, and never sent); a failure half way names the export.
 func TestExportRefusesWhatItCannotBe(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.vendor("expid", policy(100), 0, http.NotFoundHandler())
 	w := e.vendor("expid2", policy(100), 0, http.NotFoundHandler())
@@ -89,6 +90,7 @@ func TestExportRefusesWhatItCannotBe(t *testing.T) {
 // most 10,000) reads back failed, saying so, and RetryExport lists it as
 // gone rather than counting it queued.
 func TestGoneCallsReadBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.vendor("gone", policy(100), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/api/bad" {

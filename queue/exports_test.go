@@ -195,6 +195,7 @@ func checkOnce(t *testing.T, vend *exportVendor, ids []string) {
 // Started again under its id, the export queues nothing twice; started
 // again under a new id, its calls, all ended, count there at once.
 func TestExportOrderAndResults(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	v := e.vendor("exporder", policy(1000), 0, vend)
@@ -304,6 +305,7 @@ func TestExportOrderAndResults(t *testing.T) {
 // them, and a call queued by a plain enqueue too: each call reaches the
 // vendor once, and every export finishes, its adopted calls counted.
 func TestExportAgainWhileQueued(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	v := e.vendor("exprerun", policy(200), 0, vend)
@@ -399,6 +401,7 @@ func (s *lineSink) seen() []ResultLine {
 // that call (the lines after it wait, in order, though their calls
 // ended), and ends when the export finishes.
 func TestExportResultsFollow(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	release := make(chan struct{})
@@ -503,6 +506,7 @@ func TestExportResultsFollow(t *testing.T) {
 // their ids, and the export finishes with every call done, each refused
 // call having reached the vendor twice under its one Idempotency-Key.
 func TestExportFailedAndRetry(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	v := e.vendor("expretry", policy(500), 0, vend)
@@ -597,6 +601,7 @@ func TestExportFailedAndRetry(t *testing.T) {
 // the first finished with failures counts them failed; RetryExport of
 // this second export runs them again, and both exports finish.
 func TestExportRetryAdopted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	v := e.vendor("expadopt", policy(200), 0, vend)
@@ -655,6 +660,7 @@ func TestExportRetryAdopted(t *testing.T) {
 // answers the rest the export finishes, its results show the cancelled
 // calls, and RetryExport cannot run them again (Gone).
 func TestCancelExport(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	release := make(chan struct{})
@@ -738,6 +744,7 @@ func TestCancelExport(t *testing.T) {
 // cancelled by CancelExport of the first: both exports count them
 // cancelled and finish.
 func TestCancelExportCountsInAdopters(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	vend := newExportVendor(0)
 	v := e.vendor("expcanceladopt", policy(10), 0, vend)
@@ -819,6 +826,7 @@ func TestRerunScript(t *testing.T) {
 // everywhere; an export of the old layout (a hash and two sets, no
 // order) reports its progress, and its results cannot be read back.
 func TestExportUnknownAndLegacy(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.vendor("explegacy", policy(10), 0, http.NotFoundHandler())
 	c := e.newClient()
@@ -889,6 +897,7 @@ func TestExportUnknownAndLegacy(t *testing.T) {
 // budget of answers together, are read back whole (those past the
 // budget one at a time).
 func TestExportResultsBigAnswers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const n = 12
 	vend := newExportVendor(DefaultMaxAnswer)

@@ -58,6 +58,7 @@ func readPulled(t *testing.T, c *Client, export string) []pullLine {
 // behind a cursor, a Link header or a next URL, each page a call of its
 // own (id and page number), asked once, read back in page order.
 func TestPullReadsEveryPage(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		style string
 		next  Next
@@ -116,6 +117,7 @@ func TestPullReadsEveryPage(t *testing.T) {
 // answer, never looping or leaving the vendor: a cursor seen before, a
 // next URL on another host or outside base_url's path, max_pages.
 func TestPullStops(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		next     Next
@@ -193,6 +195,7 @@ func TestPullStops(t *testing.T) {
 // is queued once, by the run that succeeded, and every page reads back
 // in order.
 func TestPullPageRetried(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var mu sync.Mutex
 	hits := map[string]int{}
@@ -255,6 +258,7 @@ func btoi(b bool) int {
 // TestPullsInterleaveInOrder: an export's pulls and plain calls read
 // back in the export's order, each pull's pages after its first call.
 func TestPullsInterleaveInOrder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	mock := &vendorsim.Mock{Kind: "fixed", Rate: 1000, Window: time.Second, Paging: vendorsim.Paging{Pages: 4, Items: 2, Prefix: "/api/list"}}
 	v := e.vendor("mixed", policy(100), 0, mock)
