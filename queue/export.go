@@ -395,14 +395,6 @@ func markPipe(ctx context.Context, pipe redis.Pipeliner, prefix, export string, 
 	pipe.Expire(ctx, from, ttl)
 }
 
-// markExport records that a call of an export ended.
-func markExport(ctx context.Context, rdb redis.UniversalClient, prefix, id, taskID string, ok bool, ttl time.Duration) error {
-	pipe := rdb.Pipeline()
-	markPipe(ctx, pipe, prefix, id, []string{taskID}, ok, ttl)
-	_, err := pipe.Exec(ctx)
-	return err
-}
-
 // markEnd records the end of a call: done, or failed for good (not
 // retried, or out of retries), in its task hash and in the exports that
 // count it: its own, and those that adopted it. One round trip, and one
