@@ -107,7 +107,7 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 		err = w.nextPage(ctx, rt, t, id, call, &res)
 	}
 	if res.Status > 0 {
-		w.storeAnswer(t, rt.vendor.Name, id, res)
+		w.storeAnswer(ctx, t, rt.vendor.Name, id, res)
 	}
 	err = spendRetry(ctx, t, err)
 	q, _ := asynq.GetQueueName(ctx)
@@ -255,18 +255,28 @@ func redact(b []byte, secrets []string) []byte {
 }
 
 // storeAnswer stores a call's answer as its task's result: once per run,
-// the last attempt's (an attempt answered with a 429 has none).
-func (w *Worker) storeAnswer(t *asynq.Task, vendor, id string, res CallResult) {
+// the last attempt's (an attempt answered with a 429 has none). When
+// Redis goes away as it does, it waits for it and tries again.
+func (w *Worker) storeAnswer(ctx context.Context, t *asynq.Task, vendor, id string, res CallResult) {
 	// A JSON body is kept as the vendor wrote it, but for the white space
 	// between its tokens: no HTML escaping.
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	err := enc.Encode(res)
-	if err == nil {
-		_, err = t.ResultWriter().Write(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
-	}
-	if err != nil && !w.health.quiet(err) {
+	if err := enc.Encode(res); err != nil {
 		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
+		return
+	}
+	stored := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	for try := 1; ; try++ {
+		_, err := t.ResultWriter().Write(stored)
+		if err == nil {
+			return
+		}
+		if !w.health.quiet(err) || try == 3 {
+			w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
+			return
+		}
+		w.health.await(ctx, awaitRedis)
 	}
 }

@@ -403,8 +403,28 @@ func (w *Worker) markEnd(ctx context.Context, taskKey, export, id string, err er
 	if !callEnded(ctx, err) {
 		return
 	}
+	run := ctx // ends when the worker shuts down
 	ctx = context.WithoutCancel(ctx)
-	ok, how := err == nil, "failed"
+	for try := 1; ; try++ {
+		e := w.markEndOnce(ctx, taskKey, export, id, err == nil)
+		if e == nil {
+			return
+		}
+		// Redis went away as the call ended: wait for it, as asynq must
+		// record the end too (the handler waits for Redis before it
+		// returns: health.await), and mark the end then; an export that
+		// missed it would never finish.
+		if !w.health.quiet(e) || try == 3 {
+			w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
+			return
+		}
+		w.health.await(run, awaitRedis)
+	}
+}
+
+// markEndOnce is one try of markEnd.
+func (w *Worker) markEndOnce(ctx context.Context, taskKey, export, id string, ok bool) error {
+	how := "failed"
 	if ok {
 		how = "ok"
 	}
@@ -414,20 +434,19 @@ func (w *Worker) markEnd(ctx context.Context, taskKey, export, id string, err er
 	if export != "" {
 		markPipe(ctx, pipe, w.cfg.KeyPrefix, export, []string{id}, ok, ttl)
 	}
-	_, e := pipe.Exec(ctx)
-	if e == nil || errors.Is(e, redis.Nil) {
-		e = nil
-		if list, _ := followers.Text(); list != "" {
-			pipe = w.rdb.Pipeline()
-			for f := range strings.SplitSeq(list, ",") {
-				if f != export {
-					markPipe(ctx, pipe, w.cfg.KeyPrefix, f, []string{id}, ok, ttl)
-				}
-			}
-			_, e = pipe.Exec(ctx)
+	if _, e := pipe.Exec(ctx); e != nil && !errors.Is(e, redis.Nil) {
+		return e
+	}
+	list, _ := followers.Text()
+	if list == "" {
+		return nil
+	}
+	pipe = w.rdb.Pipeline()
+	for f := range strings.SplitSeq(list, ",") {
+		if f != export {
+			markPipe(ctx, pipe, w.cfg.KeyPrefix, f, []string{id}, ok, ttl)
 		}
 	}
-	if e != nil {
-		w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
-	}
+	_, e := pipe.Exec(ctx)
+	return e
 }
