@@ -115,7 +115,11 @@ func (c *Client) ExportResults(ctx context.Context, id string, q ResultsQuery, w
 		if err != nil {
 			return sum, err
 		}
-		lines, err := c.readLines(ctx, id, e.Vendor, ids, !q.Follow)
+		want := answersAll
+		if q.Follow {
+			want = answersEnded
+		}
+		lines, err := c.readLines(ctx, id, e.Vendor, ids, want)
 		if err != nil {
 			return sum, err
 		}
@@ -205,10 +209,19 @@ func (c *Client) exportPage(ctx context.Context, id, after string, n int64) ([]s
 	return ids, scores, nil
 }
 
+// answers says which answers readLines reads with the lines.
+type answers int
+
+const (
+	answersNone  answers = iota // states only (retry, cancel)
+	answersEnded                // the ended calls' (a follow writes no other)
+	answersAll                  // every call's that has one
+)
+
 // readLines reads the lines of the calls ids of vendor, answers
 // included within resultsBudget (an answer over the budget is left out,
 // nil, for the caller to read alone); with all, ended or not.
-func (c *Client) readLines(ctx context.Context, export, vendor string, ids []string, all bool) ([]ResultLine, error) {
+func (c *Client) readLines(ctx context.Context, export, vendor string, ids []string, want answers) ([]ResultLine, error) {
 	lanes := []shaper.Lane{shaper.Normal, shaper.High}
 	pipe := c.rdb.Pipeline()
 	type read struct {
@@ -266,7 +279,7 @@ func (c *Client) readLines(ctx context.Context, export, vendor string, ids []str
 				lines[i].Attempts = retried // the attempts made so far
 			}
 			switch size := r.size.Val(); {
-			case size == 0 || !all && !lines[i].ended():
+			case size == 0 || want == answersNone || want == answersEnded && !lines[i].ended():
 			case size <= budget:
 				budget -= size
 				withAnswer = append(withAnswer, i)
@@ -389,46 +402,34 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 	}
 	insp := asynq.NewInspectorFromRedisClient(c.rdb)
 	var out ExportRetry
-	after := "-inf"
-	for {
-		ids, scores, err := c.exportPage(ctx, id, after, resultsPage)
-		if err != nil {
-			return out, err
-		}
-		lines, err := c.readLines(ctx, id, e.Vendor, ids, false)
-		if err != nil {
-			return out, err
-		}
-		for i, l := range lines {
-			after = "(" + strconv.FormatFloat(scores[i], 'f', -1, 64)
-			switch l.State {
-			case CallCancelled:
-				out.Gone = append(out.Gone, l.ID)
-				continue
-			case CallFailed:
-			case CallRunning:
-				if l.end != "failed" {
-					continue
-				}
-				// It ended failed and asynq is archiving it: the export
-				// counts it failed already (runAgain waits for it).
-			default:
-				continue
+	err = c.eachCall(ctx, e, func(l ResultLine) error {
+		switch l.State {
+		case CallCancelled:
+			out.Gone = append(out.Gone, l.ID)
+			return nil
+		case CallFailed:
+		case CallRunning:
+			if l.end != "failed" {
+				return nil
 			}
-			queued, err := c.runAgain(ctx, insp, id, e.Vendor, l.ID)
-			if err != nil {
-				return out, err
-			}
-			switch {
-			case queued:
-				out.Queued++
-			case l.State == CallFailed && l.Attempts == 0: // its archived task is gone
-				out.Gone = append(out.Gone, l.ID)
-			}
+			// It ended failed and asynq is archiving it: the export
+			// counts it failed already (runAgain waits for it).
+		default:
+			return nil
 		}
-		if len(ids) < resultsPage {
-			break
+		queued, err := c.runAgain(ctx, insp, id, e.Vendor, l.ID)
+		switch {
+		case err != nil:
+			return err
+		case queued:
+			out.Queued++
+		case l.State == CallFailed && l.Attempts == 0: // its archived task is gone
+			out.Gone = append(out.Gone, l.ID)
 		}
+		return nil
+	})
+	if err != nil {
+		return out, err
 	}
 	if out.Queued > 0 {
 		c.signal(ctx, e.Vendor)
@@ -532,44 +533,55 @@ func (c *Client) CancelExport(ctx context.Context, id string) (ExportCancel, err
 		return ExportCancel{}, fmt.Errorf("queue: export %s was made by a shaper that did not keep an export's calls (before 0.42): cancel its calls one by one", id)
 	}
 	var out ExportCancel
+	err = c.eachCall(ctx, e, func(l ResultLine) error {
+		switch l.State {
+		case CallRunning:
+			out.Running++
+			return nil
+		case CallQueued, CallRetrying:
+		default:
+			return nil
+		}
+		// Cancel counts it in the export that queued it and in those
+		// that adopted it (this one among them, when it did).
+		_, err := c.CancelVendor(ctx, e.Vendor, l.ID)
+		switch {
+		case errors.Is(err, ErrStarted):
+			out.Running++
+		case errors.Is(err, ErrFinished), errors.Is(err, ErrNoTask):
+		case err != nil:
+			return err
+		default:
+			out.Cancelled++
+		}
+		return nil
+	})
+	return out, err
+}
+
+// eachCall hands fn every call of export e, in its order, as it stands
+// (its state, without its answer), resultsPage calls at a time.
+func (c *Client) eachCall(ctx context.Context, e Export, fn func(ResultLine) error) error {
 	after := "-inf"
 	for {
-		ids, scores, err := c.exportPage(ctx, id, after, resultsPage)
+		ids, scores, err := c.exportPage(ctx, e.ID, after, resultsPage)
 		if err != nil {
-			return out, err
+			return err
 		}
-		lines, err := c.readLines(ctx, id, e.Vendor, ids, false)
+		lines, err := c.readLines(ctx, e.ID, e.Vendor, ids, answersNone)
 		if err != nil {
-			return out, err
+			return err
 		}
-		for i, l := range lines {
-			after = "(" + strconv.FormatFloat(scores[i], 'f', -1, 64)
-			switch l.State {
-			case CallRunning:
-				out.Running++
-				continue
-			case CallQueued, CallRetrying:
-			default:
-				continue
-			}
-			// Cancel counts it in the export that queued it and in those
-			// that adopted it (this one among them, when it did).
-			_, err = c.CancelVendor(ctx, e.Vendor, l.ID)
-			switch {
-			case errors.Is(err, ErrStarted):
-				out.Running++
-			case errors.Is(err, ErrFinished), errors.Is(err, ErrNoTask):
-			case err != nil:
-				return out, err
-			default:
-				out.Cancelled++
+		for _, l := range lines {
+			if err := fn(l); err != nil {
+				return err
 			}
 		}
 		if len(ids) < resultsPage {
-			break
+			return nil
 		}
+		after = "(" + strconv.FormatFloat(scores[len(scores)-1], 'f', -1, 64)
 	}
-	return out, nil
 }
 
 // followers returns the exports that adopted call id of vendor while it
