@@ -184,6 +184,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 				return nil, 0, err
 			}
 			admitted = true
+			b = b.gate.currentOf(l, b) // a respace while it waited
 			// After a drop, the callers whose ticks were taken find their
 			// place in the line before anyone asks (lineSettle).
 			if wait := b.gate.settling(l, clock.Now()); wait > 0 {
@@ -205,6 +206,9 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 				return nil, 0, err
 			}
 		}
+		// A respace may have come while the caller waited in the line:
+		// it asks under the newest handle, not the one it entered with.
+		b = b.gate.currentOf(l, b)
 		var r reservation
 		var sent, recv time.Time
 		var err error

@@ -316,6 +316,38 @@ func TestEditRaisesAtOnce(t *testing.T) {
 	}
 }
 
+// TestEditLowersEveryReplicaAtOnce: a rolling edit lowers the rate on
+// one replica (a new handle, respaced) while the other, not yet
+// reloaded, holds the widest tick under the old policy and is the only
+// one asking (its callers hold the backlog). Its calls space by the
+// edited replica's tick from the respace on: the respace takes the
+// widest tick's place with the new, wider one. Before, the respace only
+// restarted the line, and the old replica went on at its own spacing
+// until a caller of the edited one asked.
+func TestEditLowersEveryReplicaAtOnce(t *testing.T) {
+	fast, slow, clk := disagreeingReplicas(t)
+	ctx := context.Background()
+	fastIv, _ := fast.Policy().Tick()
+	slowIv, _ := slow.Policy().Tick()
+	grantTicks(t, fast, clk, 2) // the replica not yet edited (100/s) holds the widest tick
+	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "new" {
+		t.Fatalf("widest %+v, %v, %v; want the 100/s replica's", w, ok, err)
+	}
+	// The other replica is edited to 25/s (a new handle) and respaced.
+	edited, err := slow.gate.Bucket("acme", slow.Policy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := edited.Control().Respace(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Second)
+	ticks := grantTicks(t, fast, clk, 3)
+	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != slowIv {
+		t.Errorf("the replica not yet edited (%v) spaced its ticks %v apart after another replica's edit to %v", fastIv, gap, slowIv)
+	}
+}
+
 // TestWiderReplicaJoins: a replica of a narrower config grants from the
 // line alone (its tick is the widest, fresh, see wide_entry); a replica
 // of a wider config then asks, and is deferred (the horizon is full): the

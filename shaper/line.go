@@ -246,9 +246,10 @@ func (b *Bucket) lookForLine(ctx context.Context, l *local) (bool, error) {
 // is further than maxWait.
 // It returns the caller's rank among those admitted.
 func (b *Bucket) waitInLine(ctx context.Context, l *local, req Request, member string, told *bool) (int, error) {
-	iv, burst, _, _ := b.spacing()
-	admit := lineAdmit(iv, burst)
 	for {
+		// Spaced by the newest handle: a respace may come while it waits.
+		iv, burst, _, _ := b.gate.currentOf(l, b).spacing()
+		admit := lineAdmit(iv, burst)
 		// While callers wait in line, the process's new callers join it.
 		b.gate.lineUp(l, b.name, b.gate.clock.Now())
 		res, err := redisonce.Run(ctx, b.gate.rdb, lineScript, []string{b.keys.line, b.keys.lineDue, b.keys.lineGone}, b.gate.redisNow(), member, req.Order,

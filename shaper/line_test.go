@@ -237,6 +237,12 @@ func (r orderRun) moves() (largest, overFive int) {
 // moments it is asked for (a rate edit, a pause).
 func simulateBacklog(t *testing.T, replicas, n int, lateP float64, seed uint64, during map[time.Duration]func(rs []*replica, b []*Bucket)) orderRun {
 	t.Helper()
+	return simulateBacklogAt(t, 100, replicas, n, lateP, seed, during)
+}
+
+// simulateBacklogAt is simulateBacklog at rate calls a second.
+func simulateBacklogAt(t *testing.T, rate, replicas, n int, lateP float64, seed uint64, during map[time.Duration]func(rs []*replica, b []*Bucket)) orderRun {
+	t.Helper()
 	start := time.UnixMicro(testEpoch)
 	clk := newSimClock(start)
 	rng := rand.New(rand.NewPCG(seed, seed))
@@ -250,7 +256,7 @@ func simulateBacklog(t *testing.T, replicas, n int, lateP float64, seed uint64, 
 		return 0
 	}
 	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
-	policy := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 10 * time.Millisecond}
+	policy := Policy{Limits: []Limit{{Rate: rate, Window: time.Second}}, Guard: 10 * time.Millisecond}
 	var rs []*replica
 	var bs []*Bucket
 	for range replicas {

@@ -144,3 +144,37 @@ func TestEditedRateHoldsG1OnSimulatedTime(t *testing.T) {
 		t.Errorf("%d ticks in one second at 60/s, from its restart (G1)", lowered)
 	}
 }
+
+// TestRaisedRateReachesTheLine: a backlog of 400 calls waits in the line
+// of a 50/s bucket, on one replica and on three, and the rate is raised
+// to 100/s at 1 s. The callers admitted from the line after the raise
+// entered it under the old policy; they ask under the new one (the
+// handle the respace made current), so the second after the restart
+// holds a full second of 100/s ticks. When they asked under the handle
+// they entered with, they spaced by the wider of the two ticks (see
+// widest), the old one, until the line that waited at the raise was
+// through: 50 ticks in that second.
+func TestRaisedRateReachesTheLine(t *testing.T) {
+	for _, replicas := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) {
+			const raise = time.Second
+			run := simulateBacklogAt(t, 50, replicas, 400, 0, 41, map[time.Duration]func([]*replica, []*Bucket){raise: simEdit(t, 100)})
+			if len(run.starts) != run.n {
+				t.Fatalf("%d of %d calls started", len(run.starts), run.n)
+			}
+			// The second after the line restarted, and the settling of
+			// the callers its respace dropped (lineSettle).
+			from := testEpoch + (raise + respaceSlack + lineSettle).Microseconds()
+			n := 0
+			for _, x := range run.ticks {
+				if x >= from && x < from+time.Second.Microseconds() {
+					n++
+				}
+			}
+			t.Logf("%d ticks in the second from %s after the raise", n, respaceSlack+lineSettle)
+			if n < 95 || n > 100 {
+				t.Errorf("%d ticks in the second after the raise to 100/s took effect, want 95 to 100", n)
+			}
+		})
+	}
+}
