@@ -250,11 +250,15 @@ func TestLongSpacingVendorRetryAfter(t *testing.T) {
 // teaches the margin costs 3% over the whole run), 95.7% with the guard
 // (the best a 40 ms margin allows a sliding log is 96.2%); see the README.
 func TestLongNetworkJitter(t *testing.T) {
-	// Not parallel with the package's other tests (its three runs go side
-	// by side, alone): the margin is a few ms, and a worker that shares
-	// the machine's two cores with eight other scenarios under the race
-	// detector starts calls late (85.6% in one such CI run).
+	// Its three runs go side by side, and beside the one other parallel
+	// test of make test-long-unraced (TestLongCostsAgainstAUnitVendor),
+	// once the strict-spacing scenarios are done; not beside the nine of
+	// TestLongConvergesOnTheTrueLimit: the margin is a few ms, and a
+	// worker that shares the machine's two cores with eight other
+	// scenarios under the race detector started calls late (85.6% in one
+	// such CI run).
 	redistest.Long(t)
+	t.Parallel()
 	for _, sc := range []struct {
 		kind  string
 		guard time.Duration
