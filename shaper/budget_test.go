@@ -1,0 +1,249 @@
+package shaper
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The gate's size, held to ceilings that only go down (issue 43): the
+// Lua each grant and script runs, and what package shaper exports. A
+// change that grows either fails here; one that shrinks it lowers the
+// ceiling in the same commit. The issue's bars: the common grant at most
+// 150 lines, the per-account grant with a total and a quota at most 300,
+// no script or function over 300, at most 60 exported identifiers.
+
+// luaCeilings is the most non-blank lines (comments included, the count
+// of issue 43) each composed Lua text may have.
+var luaCeilings = map[string]int{
+	"coreFunction":    356,
+	"countedFunction": 719,
+	"reserveFunction": 1038,
+	"giveUpScript":    225,
+	"countUsedScript": 170,
+	"limitsScript":    155,
+	"refusedScript":   150,
+	"applyScript":     136,
+	"planScript":      111,
+	"statsScript":     99,
+	"respaceScript":   98,
+	"raiseScript":     43,
+	"lineScript":      37,
+	"lowerScript":     33,
+	"pauseScript":     31,
+	"countScript":     23,
+	"setRateScript":   19,
+	"backlogsScript":  17,
+	"startScript":     15,
+	"checkScript":     8,
+}
+
+// exportCeiling is the most identifiers package shaper may export: its
+// exported types, functions, methods of exported types, constants and
+// variables (struct fields and interface methods not counted).
+const exportCeiling = 94
+
+// luaTexts is every Lua text the gate loads, by the name of its Go
+// variable.
+func luaTexts() map[string]string {
+	src := func(s *redis.Script) string { return reflect.ValueOf(s).Elem().FieldByName("src").String() }
+	return map[string]string{
+		"coreFunction":    src(coreFunction.script),
+		"countedFunction": src(countedFunction.script),
+		"reserveFunction": src(reserveFunction.script),
+		"giveUpScript":    src(giveUpScript),
+		"countUsedScript": src(countUsedScript),
+		"limitsScript":    src(limitsScript),
+		"refusedScript":   src(refusedScript),
+		"applyScript":     src(applyScript),
+		"planScript":      src(planScript),
+		"statsScript":     src(statsScript),
+		"respaceScript":   src(respaceScript),
+		"raiseScript":     src(raiseScript),
+		"lineScript":      src(lineScript),
+		"lowerScript":     src(lowerScript),
+		"pauseScript":     src(pauseScript),
+		"countScript":     src(countScript),
+		"setRateScript":   src(setRateScript),
+		"backlogsScript":  src(backlogsScript),
+		"startScript":     src(startScript),
+		"checkScript":     src(checkScript),
+	}
+}
+
+// nonBlank counts the lines of text that hold more than white space.
+func nonBlank(text string) int {
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestLuaBudget(t *testing.T) {
+	texts := luaTexts()
+	for name, text := range texts {
+		ceiling, ok := luaCeilings[name]
+		if !ok {
+			t.Errorf("%s has no ceiling in luaCeilings", name)
+			continue
+		}
+		n := nonBlank(text)
+		t.Logf("%s: %d non-blank lines (ceiling %d)", name, n, ceiling)
+		switch {
+		case n == 0:
+			t.Errorf("%s: no Lua read (luaTexts reads a redis.Script's source by reflection)", name)
+		case n > ceiling:
+			t.Errorf("%s: %d non-blank lines of Lua, over its ceiling of %d: shorten it (issue 43: parts, not copies)", name, n, ceiling)
+		}
+	}
+	for name := range luaCeilings {
+		if _, ok := texts[name]; !ok {
+			t.Errorf("luaCeilings names %s, which luaTexts does not read", name)
+		}
+	}
+}
+
+// TestEveryScriptBudgeted: every redis.Script the package declares at
+// its top level is in luaTexts, so that a new script cannot escape the
+// budget.
+func TestEveryScriptBudgeted(t *testing.T) {
+	texts := luaTexts()
+	names := topLevelScripts(t)
+	for _, name := range names {
+		if _, ok := texts[name]; !ok {
+			t.Errorf("%s is a redis.Script with no entry in luaTexts and luaCeilings", name)
+		}
+	}
+	if len(names) != len(texts) {
+		t.Errorf("%d scripts and functions declared (%v), %d budgeted", len(names), names, len(texts))
+	}
+}
+
+// topLevelScripts returns the names of the package-level variables of
+// the non-test files that redis.NewScript or newFunction makes.
+func topLevelScripts(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, f := range parsePackage(t) {
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, v := range vs.Values {
+					call, ok := v.(*ast.CallExpr)
+					if !ok {
+						continue
+					}
+					switch fn := call.Fun.(type) {
+					case *ast.SelectorExpr:
+						if fn.Sel.Name == "NewScript" {
+							out = append(out, vs.Names[i].Name)
+						}
+					case *ast.Ident:
+						if fn.Name == "newFunction" {
+							out = append(out, vs.Names[i].Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// parsePackage parses package shaper's non-test files.
+func parsePackage(t *testing.T) []*ast.File {
+	t.Helper()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	if len(files) == 0 {
+		t.Fatal("no files of package shaper parsed")
+	}
+	return files
+}
+
+func TestExportCount(t *testing.T) {
+	exportedType := map[string]bool{}
+	files := parsePackage(t)
+	for _, f := range files {
+		for _, d := range f.Decls {
+			if gd, ok := d.(*ast.GenDecl); ok && gd.Tok == token.TYPE {
+				for _, spec := range gd.Specs {
+					if ts := spec.(*ast.TypeSpec); ts.Name.IsExported() {
+						exportedType[ts.Name.Name] = true
+					}
+				}
+			}
+		}
+	}
+	var names []string
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() {
+					continue
+				}
+				if d.Recv == nil {
+					names = append(names, d.Name.Name)
+					continue
+				}
+				recv := d.Recv.List[0].Type
+				if star, ok := recv.(*ast.StarExpr); ok {
+					recv = star.X
+				}
+				if id, ok := recv.(*ast.Ident); ok && exportedType[id.Name] {
+					names = append(names, id.Name+"."+d.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					switch s := spec.(type) {
+					case *ast.TypeSpec:
+						if s.Name.IsExported() {
+							names = append(names, s.Name.Name)
+						}
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if n.IsExported() {
+								names = append(names, n.Name)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("package shaper exports %d identifiers (ceiling %d)", len(names), exportCeiling)
+	if len(names) > exportCeiling {
+		t.Errorf("package shaper exports %d identifiers, over its ceiling of %d: unexport what users of the gate do not need (issue 43)", len(names), exportCeiling)
+	}
+	if len(names) < 20 {
+		t.Errorf("only %d exported identifiers counted: the count is broken", len(names))
+	}
+}
