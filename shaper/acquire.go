@@ -132,12 +132,6 @@ func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Per
 	return b.Ask(ctx, Request{MaxWait: maxWait})
 }
 
-// AcquireN is Acquire for a call that costs n units of every limit.
-func (b *Bucket) AcquireN(ctx context.Context, n int) (*Permit, error) {
-	p, _, err := b.Ask(ctx, Request{Cost: n})
-	return p, err
-}
-
 // Ask is AcquireWithin for a call of any cost and lane (see Request).
 func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, error) {
 	if req.Cost == 0 {
