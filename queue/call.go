@@ -268,14 +268,21 @@ func (w *Worker) storeAnswer(ctx context.Context, t *asynq.Task, vendor, id stri
 		return
 	}
 	stored := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	if err := w.throughOutage(ctx, func() error { _, err := t.ResultWriter().Write(stored); return err }); err != nil {
+		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
+	}
+}
+
+// throughOutage runs write, a write to Redis as a call ends; when Redis
+// goes away as it runs, it waits for it (up to awaitRedis, or until ctx
+// ends) and tries again, three tries in all, and returns the last error.
+// The handler waits for Redis so before it returns, as asynq must record
+// the call's end too.
+func (w *Worker) throughOutage(ctx context.Context, write func() error) error {
 	for try := 1; ; try++ {
-		_, err := t.ResultWriter().Write(stored)
-		if err == nil {
-			return
-		}
-		if !w.health.quiet(err) || try == 3 {
-			w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
-			return
+		err := write()
+		if err == nil || !w.health.quiet(err) || try == 3 {
+			return err
 		}
 		w.health.await(ctx, awaitRedis)
 	}

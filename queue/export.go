@@ -403,22 +403,11 @@ func (w *Worker) markEnd(ctx context.Context, taskKey, export, id string, err er
 	if !callEnded(ctx, err) {
 		return
 	}
-	run := ctx // ends when the worker shuts down
-	ctx = context.WithoutCancel(ctx)
-	for try := 1; ; try++ {
-		e := w.markEndOnce(ctx, taskKey, export, id, err == nil)
-		if e == nil {
-			return
-		}
-		// Redis went away as the call ended: wait for it, as asynq must
-		// record the end too (the handler waits for Redis before it
-		// returns: health.await), and mark the end then; an export that
-		// missed it would never finish.
-		if !w.health.quiet(e) || try == 3 {
-			w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
-			return
-		}
-		w.health.await(run, awaitRedis)
+	// The mark itself outlives the worker's shutdown; the wait for Redis
+	// does not. An export that missed the mark would never finish.
+	mark := context.WithoutCancel(ctx)
+	if e := w.throughOutage(ctx, func() error { return w.markEndOnce(mark, taskKey, export, id, err == nil) }); e != nil {
+		w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
 	}
 }
 
