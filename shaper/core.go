@@ -119,22 +119,10 @@ func runOf(server string) string {
 	return runTag + server
 }
 
-// lineLua defines the pieces of a bucket's line of ticks that the core
-// and the full reserve script share.
-var lineLua = `
--- put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
--- assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
--- assigns one at a time.)
-local function put(t, a, b, c, d)
-  local n = #t
-  t[n + 1] = a
-  t[n + 2] = b
-  if c ~= nil then
-    t[n + 3] = c
-    t[n + 4] = d
-  end
-end
-
+// widestLua defines widest, the rule by which the most conservative tick
+// asked under lately wins while replicas disagree (see below): the grants
+// and the respace script use it.
+var widestLua = `
 -- widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
 -- on the config (a rolling edit), the most conservative tick asked under
 -- lately wins. The gate hash's 'wide' ("interval|burst|replica|gen")
@@ -163,7 +151,24 @@ local function widest(wide, wide_at, mine, iv, b, live, now)
   if iv >= wiv and b <= wb then return iv, b, mine, now end
   return math.max(iv, wiv), math.min(b, wb), nil, nil
 end
+`
 
+// lineLua defines the pieces of a bucket's line of ticks that the core
+// and the full reserve script share.
+var lineLua = `
+-- put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
+-- assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
+-- assigns one at a time.)
+local function put(t, a, b, c, d)
+  local n = #t
+  t[n + 1] = a
+  t[n + 2] = b
+  if c ~= nil then
+    t[n + 3] = c
+    t[n + 4] = d
+  end
+end
+` + widestLua + `
 -- wide_entry(wide, wide_at, wide_at_new, iv, b, live): the widest tick
 -- as the line keeps it (see read_line) after widest: the caller's (iv,
 -- b) when widest wrote it (wide_at_new), else the 'wide' field's; fresh

@@ -18,36 +18,33 @@ import (
 const respaceSlack = 100 * time.Millisecond
 
 // respaceScript brings a bucket's line of reserved ticks back to now, and
-// makes the replica's tick under its new policy the widest tick (see
-// widest) when widest would let a caller under it take the place: when
-// the place is this replica's (under an older policy), free, stale, or
-// held by a tick no wider. Every replica's callers then space by it from
-// their next grant, those of a replica still under the old policy (a
-// rolling edit) and this replica's own callers still under an older
-// handle (a caller admitted from the line asks under the handle it
-// entered with), instead of taking the freed place with the old tick. A
-// raised rate is not held back by this replica's old tick (its place is
-// taken by the new one), and another replica's wider tick keeps its
+// puts the replica's tick under its new policy in the widest tick's place
+// wherever widest would let a caller under it take it (the place is this
+// replica's under an older generation, free, stale, or held by a tick no
+// wider): every replica's callers space by it from their next grant,
+// those of a replica still under the old policy (a rolling edit) and this
+// replica's own callers still under an older handle, instead of taking
+// the place back with the old tick. A raised rate is not held back by
+// this replica's old tick, and another replica's wider tick keeps its
 // place.
 //
 // KEYS[1] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] slack (µs), ARGV[3]
-// respace channel, ARGV[4] bucket name, ARGV[5] the replica's id, ARGV[6]
-// its tick under the current policy as widest keeps it
-// ("interval|burst|replica|gen", Bucket.mine), ARGV[7] how long a
-// replica's tick counts (µs, replicaLive).
+// respace channel, ARGV[4] bucket name, ARGV[5] the replica's tick under
+// its current policy as widest keeps it ("interval|burst|replica|gen",
+// Bucket.mine), ARGV[6] how long a replica's tick counts (µs,
+// replicaLive).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
 // was published), else 0.
-var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + respaceLua + `
+var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + widestLua + respaceLua + `
 local k_gate = KEYS[1]
-local a_slack, a_channel, a_bucket, a_replica, a_mine, a_live = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local a_slack, a_channel, a_bucket, a_mine, a_live = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_us()
 local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
-local wiv, wb, who = string.match(wide or '', '^(%d+)|(%d+)|(.*)|%d+$')
 local iv, b = string.match(a_mine, '^(%d+)|(%d+)|')
-iv, b, wiv, wb, wide_at = tonumber(iv), tonumber(b), tonumber(wiv), tonumber(wb), tonumber(wide_at)
-if wide ~= a_mine and (who == a_replica or wiv == nil or wide_at == nil or now - wide_at >= a_live or (iv >= wiv and b <= wb)) then
-  redis.call('HSET', k_gate, 'wide', a_mine, 'wide_at', fmt(now))
+local _, _, wide_new = widest(wide, wide_at, a_mine, tonumber(iv), tonumber(b), a_live, now)
+if wide_new then
+  redis.call('HSET', k_gate, 'wide', wide_new, 'wide_at', fmt(now))
   -- The line's entry of the widest tick is zeroed: the next grant reads
   -- 'wide' (see wide_entry).
   local last, n, gm, gc, kept = read_line(redis.call('HGET', k_gate, 'line'))
@@ -95,7 +92,7 @@ func (c *Control) Respace(ctx context.Context) error {
 func (b *Bucket) respaceLine(ctx context.Context) error {
 	iv, burst, _, _ := b.spacing()
 	n, err := redisonce.Run(ctx, b.gate.rdb, respaceScript, []string{b.keys.gate}, b.gate.redisNow(),
-		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name, b.gate.replica,
+		respaceSlack.Microseconds(), respaceChannel(b.gate.prefix), b.name,
 		b.mine(iv.Microseconds(), burst), replicaLive.Microseconds()).Int64()
 	if err != nil {
 		return fmt.Errorf("shaper: respace %q: %w", b.name, unavailable(ctx, err))
