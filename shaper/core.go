@@ -2,21 +2,46 @@ package shaper
 
 import "fmt"
 
-// Reply codes of the reserve scripts (the first element of their reply),
-// shared with Go: the scripts name them through codesLua, made from these
-// constants, so the two cannot drift.
+// Every grant (core, counted, full) replies in one shape:
+//
+//	{need, server, tol, iv, bare, code₁, wait₁, reason₁, tick₁, …}
+//
+// need is answered, or what a lean grant (core, counted) lacks to decide
+// (then no calls follow, and the gate asks the full grant); server is the
+// run_id the full grant read by INFO ('': as the gate passed it); tol is
+// a learned tolerance (µs; 0: the policy's); iv and bare, while a margin
+// lesson is in force, the interval in force and the spacing without the
+// guard, from which Go makes the gap between starts (startGap; bare 0:
+// starts are not stamped). Then, for each call in order, its code (granted
+// or deferred), the wait (µs: to the tick, or before asking again), why it
+// was deferred (deferReason) and the tick (µs; 0 when deferred).
 const (
 	replyDeferred = 0 // no tick: ask again after the wait; the reason says why
 	replyGranted  = 1 // a tick, the wait away from Redis now
-	replyFull     = 2 // the core script cannot decide: run the full one
+	replyHeader   = 5 // need, server, tol, iv, bare
+	replyItem     = 4 // code, wait, reason, tick
 )
 
-// codesLua names the reply codes, the defer reasons and noServer in the
-// scripts.
-var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, USE_FULL = %d, %d, %d
+// handover says what a lean grant lacks to decide (the reply's need).
+type handover int
+
+const (
+	answered    handover = iota // the grant answered every call
+	needState                   // the state is missing, or was written on another server or in another layout
+	needAdapt                   // adaptation in force the counted grant does not apply (a pause, a rate, a lesson, a high call)
+	needLearned                 // a learned rate, which the full grant may step up
+	needCostly                  // counters in use after a costly call
+)
+
+// codesLua names the reply's codes, the defer reasons and noServer in the
+// scripts, and defines handover(why): a lean grant's reply when it cannot
+// decide.
+var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, ANSWERED, NEED_STATE, NEED_ADAPT, NEED_LEARNED, NEED_COSTLY = %d, %d, %d, %d, %d, %d, %d
 local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE = %d, %d, %d, %d, %d, %d
 local NO_SERVER = '%s'
-`, replyDeferred, replyGranted, replyFull, beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, noServer)
+local function handover(why) return {why, '', 0, 0, 0} end
+`, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly,
+	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -336,17 +361,17 @@ func (a coreArgs) argv() []any {
 // in their order, as count calls one after the other would: one limit, no
 // total, no in-flight cap, no warm-up, calls of one unit in the normal
 // lane. What it cannot decide alone it hands to the full
-// reserve script (USE_FULL): a state missing or written by another server
-// (first use, expiry, a failover), counters in use after a costly call, a
-// learned rate that may step up. Otherwise: the widest live tick, widened
+// reserve script (a handover): a state missing or written by another
+// server (first use, expiry, a failover: needState), a learned rate that
+// may step up (needLearned), counters in use after a costly call
+// (needCostly). Otherwise: the widest live tick, widened
 // by what adaptation set (a rate, a learned guard), after any pause; a
 // normal call steps aside while a high one waits; beyond the horizon the
 // caller comes back one tick after the last deferred one.
 //
-// Returns {code, wait (µs), reason, tick (µs), tolerance (µs; 0: the
-// policy's)} for the first call, as the full script (see reserveFunction),
-// then {code, wait, reason, tick} for each other call of the batch. It
-// runs as a Redis function where the server has them (see functions.go).
+// It replies as every grant (see replyHeader), a call per tag of the
+// batch, and runs as a Redis function where the server has them (see
+// functions.go).
 var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua+cacheLua+corePolicyLua, coreLua)
 
 // corePolicyLua defines core_policy(s): coreArgs.Policy as a table.
@@ -378,7 +403,7 @@ local p = core_policy(a_policy)
 
 local now = now_from(a_now)
 local line, run, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'adapted'))
-if a_server == '' or not line or run ~= a_server then return {USE_FULL} end
+if a_server == '' or not line or run ~= a_server then return handover(NEED_STATE) end
 local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 
 -- The tick: the widest live one (the 'wide' field read only when the
@@ -390,12 +415,13 @@ local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 local interval, burst, wide_new, wide_at_new
 interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
   wiv, wb, wfresh)
-local paused, tol, hi_until, gap = 0, 0, 0, 0
+local paused, tol, hi_until, bare = 0, 0, 0, 0
 if adapted then
   local costly_until, rate, source, guard
   hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
   paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
-  if source == 'learned' or (tonumber(costly_until) or 0) > now then return {USE_FULL} end
+  if source == 'learned' then return handover(NEED_LEARNED) end
+  if (tonumber(costly_until) or 0) > now then return handover(NEED_COSTLY) end
   paused, rate, guard, hi_until = tonumber(paused) or 0, tonumber(rate), tonumber(guard), tonumber(hi_until) or 0
   if paused <= now and not rate and not guard and not tol and hi_until <= now then redis.call('HDEL', k_gate, 'adapted') end
   tol = tonumber(tol) or 0
@@ -407,27 +433,26 @@ if adapted then
     local iv, b = spacing(rate or p.rate, burst, p.window + guard)
     interval, burst = math.max(interval, iv), b
   end
-  -- A margin lesson in force (tol): calls stamp their starts (see
-  -- startLua), at least gap apart (see startGap).
-  if tol > 0 and burst == 1 then
-    local bare = spacing(rate or p.rate, 1, p.window)
-    gap = math.floor(bare + math.max(interval - bare, 0) * 3 / 4) -- as startGap
-  end
+  -- A margin lesson in force (tol): calls stamp their starts (startLua),
+  -- apart by a gap Go makes of the spacing without the guard (startGap).
+  if tol > 0 and burst == 1 then bare = spacing(rate or p.rate, 1, p.window) end
 end
-if hi_until > now then
-  redis.call('HINCRBY', k_stats, 'deferred', '1')
-  return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0}
-end
-
--- Each call in turn: the next tick on the line, or beyond the horizon a
--- moment to come back, one tick after the last deferred caller's (read
--- only then).
 local tags = {''}
 if a_tags ~= '\n' then
   tags = {}
   for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
 end
-local out, ticks, tagged = nil, {}, {}
+local out = {ANSWERED, '', tol, interval, bare}
+if hi_until > now then
+  redis.call('HINCRBY', k_stats, 'deferred', '1')
+  for _ = 1, #tags do put(out, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0) end
+  return out
+end
+
+-- Each call in turn: the next tick on the line, or beyond the horizon a
+-- moment to come back, one tick after the last deferred caller's (read
+-- only then).
+local ticks, tagged = {}, {}
 local pace, at = math.floor(interval / burst), 0
 local from, deferred = math.max(now, paused), 0
 for i = 1, #tags do
@@ -447,7 +472,7 @@ for i = 1, #tags do
   end
   local wait = tick - now
   if code == DEFERRED then wait = at - now end
-  if out == nil then out = {code, wait, why, tick, tol} else put(out, code, wait, why, tick) end
+  put(out, code, wait, why, tick)
 end
 
 -- The line, the ticks list and the tag record; the keys' expiry once
@@ -476,6 +501,5 @@ if deferred > 0 then
   redis.call('HSET', k_gate, 'defer_at', fmt(at))
   redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))
 end
-if gap > 0 then out[#out + 1] = gap end
 return out
 `

@@ -304,13 +304,13 @@ end
 // quotas or a group's total (a per-account vendor), as the full script
 // would: a call of one unit in the normal lane, to a bucket without an
 // in-flight cap or warm-up. It hands the call to the full script
-// (USE_FULL) for anything else: a state missing or written on another
-// server (the bucket's or the total's), adaptation in force (a pause, a
-// rate, a lesson, a high call waiting, costly calls), the total's spaced
-// counters in use after a costly call.
+// (a handover) for anything else: a state missing or written on another
+// server, the bucket's or the total's (needState), adaptation in force
+// (needAdapt: a pause, a rate, a lesson, a high call waiting, costly
+// calls), the total's spaced counters in use after a costly call
+// (needCostly).
 //
-// Returns {code, wait (µs), reason, tick (µs), 0}, as the full script
-// (see reserveFunction) without the run_id, which the gate passed.
+// It replies as every grant (see replyHeader), for one call.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
 	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
 
@@ -337,23 +337,22 @@ local a_total = ARGV[7]
 local p = policy_of(a_policy)
 local tot = total_of(a_total)
 
--- The states, written on this server (a_server, NO_SERVER where INFO is
--- refused: then only a missing state is told), with nothing adaptation
--- set in force: what the gate hash's mark says may be (see adaptedLua)
--- is read, and the mark taken away once none of it is.
+-- The states, written on this server (a_server; NO_SERVER where INFO is
+-- refused: then only a missing state is told), with no adaptation in
+-- force: read under the gate hash's mark (adaptedLua), then unmarked.
 local now = now_from(a_now)
 local runid = a_server
 if runid == NO_SERVER then runid = '' end
 local line, run, adapted, last_vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
   'line', 'run', 'adapted', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
-if a_server == '' or run ~= run_of(runid) then return {USE_FULL} end
+if a_server == '' or run ~= run_of(runid) then return handover(NEED_STATE) end
 local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
-if last == nil then return {USE_FULL} end
+if last == nil then return handover(NEED_STATE) end
 if adapted then
   local hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
   local paused, rate, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'guard', 'tol'))
   if (tonumber(paused) or 0) > now or rate or guard or tol or (tonumber(hi_until) or 0) > now or
-    (tonumber(costly_until) or 0) > now then return {USE_FULL} end
+    (tonumber(costly_until) or 0) > now then return handover(NEED_ADAPT) end
   redis.call('HDEL', k_gate, 'adapted')
 end
 local tiv = 0
@@ -362,7 +361,8 @@ if tot then
   tiv = tot.interval
   ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = unpack(redis.call('HMGET',
     k_total, 'last', 'n', 'run', 'kept', 'blocked', 'cleared', 'costly_until', 'share', 'share_at'))
-  if not ts.last or ts.run ~= runid or (tonumber(ts.costly_until) or 0) > now then return {USE_FULL} end
+  if not ts.last or ts.run ~= runid then return handover(NEED_STATE) end
+  if (tonumber(ts.costly_until) or 0) > now then return handover(NEED_COSTLY) end
 end
 
 -- The tick: the widest live one (the 'wide' field read only when the
@@ -395,8 +395,7 @@ for _, c in ipairs(tot and tot.quotas or {}) do
 end
 
 -- The earliest tick both lines admit: the bucket's own at its pace (its
--- virtual time in a group with a total, see the full script), the
--- total's after its ring's passed slots are cleared.
+-- virtual time under a total), the total's once its ring is cleared.
 local tick, pace, tfields = start, math.floor(interval / burst), {}
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
@@ -433,7 +432,7 @@ if tick - now > horizon then
   redis.call('HSET', k_gate, 'defer_at', fmt(at))
   keep(math.max(at, last) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {DEFERRED, at - now, reason, 0, 0}
+  return {ANSWERED, '', 0, 0, 0, DEFERRED, at - now, reason, 0}
 end
 
 -- Grant: the line (and the log), the ticks list, the tag record, the
@@ -459,5 +458,5 @@ if tiv > 0 then
   total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = tot.ring, last = tonumber(ts.last),
     n = tonumber(ts.n) or 0, kept = tonumber(ts.kept) or 0, counters = tot.quotas, fields = tfields}, tick, 1, p.keep, now)
 end
-return {GRANTED, tick - now, 0, tick, 0}
+return {ANSWERED, '', 0, 0, 0, GRANTED, tick - now, 0, tick}
 `

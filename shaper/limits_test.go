@@ -40,6 +40,16 @@ func TestScriptBindings(t *testing.T) {
 		if m := regexp.MustCompile(`reason(, \w+)* = (\w+, )*\d`).FindString(body); m != "" {
 			t.Errorf("the %s script sets a bare defer reason (%q): use the names of codesLua", name, m)
 		}
+		// Every reply has the one shape (replyHeader): a handover, or
+		// the header with the items after it; out is the core grant's
+		// reply, built from the header.
+		for _, m := range regexp.MustCompile(`return (\{|handover|out)[^\n]*`).FindAllString(body, -1) {
+			ok := strings.HasPrefix(m, "return handover(NEED_") || m == "return out" ||
+				regexp.MustCompile(`^return \{ANSWERED(, [^,]+){4}, (GRANTED|DEFERRED), .+\}$`).MatchString(m)
+			if !ok {
+				t.Errorf("the %s grant replies %q: reply with handover(...) or {ANSWERED, server, tol, iv, bare, code, wait, reason, tick}", name, m)
+			}
+		}
 	}
 	// Hash fields are read by name: an HMGET of named fields is unpacked
 	// into locals named beside it, never indexed by position far from the

@@ -344,12 +344,10 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // cost at. Each step below is one function; the main part at the end
 // calls them in order.
 //
-// Returns {code (GRANTED or DEFERRED), wait (µs), reason, tick (µs),
-// tolerance (µs; 0: the policy's), run_id}: when granted, wait is the time
-// from Redis now to the tick; when not, the time before asking again and
-// reason says why (see deferReason). A tolerance is returned when a margin
-// was learned (see Control.Refused); run_id is the server's, as read by
-// INFO when the gate did not know it (noServer where INFO is refused).
+// It replies as every grant (see replyHeader), for one call, and never
+// hands it over; the server in its reply is the run_id it read by INFO
+// when the gate did not know it (noServer where INFO is refused). A
+// tolerance comes back when a margin was learned (see Control.Refused).
 //
 // It runs as a Redis function where the server has them (see
 // functions.go): its steps, defined before the bindings, are then
@@ -751,7 +749,7 @@ end
 local hi_until = tonumber(st.hi_until) or 0
 if not a_high and hi_until > now then
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0, 0, known}
+  return {ANSWERED, known, 0, 0, 0, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0}
 end
 
 -- 6. The counters: the earliest start the pause and the counters allow.
@@ -798,13 +796,13 @@ if tick - now > horizon then
   if a_high then redis.call('HSET', k_gate, 'hi_until', fmt(at + 2 * interval), 'adapted', '1') end
   keep_line(math.max(at, last or 0) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {DEFERRED, at - now, reason, 0, 0, known}
+  return {ANSWERED, known, 0, 0, 0, DEFERRED, at - now, reason, 0}
 end
 if p.max_in_flight > 0 and not leased(k_inflight, p.max_in_flight, p.lease_ttl, a_lease, tick, now) then
   -- The gate hash may be new (its 'wide'): it expires as after a grant.
   keep_line(math.max(last or now, now) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
-  return {DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0, 0, known}
+  return {ANSWERED, known, 0, 0, 0, DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0}
 end
 
 -- 9. Grant: the bucket's state, the total's, the counters, the ticks list.
@@ -832,15 +830,11 @@ if tiv > 0 then
     kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, p.keep, now)
 end
 -- A margin lesson in force (tol): the call stamps its start (see
--- startLua), at least gap after the start before it, the spacing without
--- the guard and three quarters of the guard's share of the tick
--- (see startGap).
-local tol, gap = tonumber(ctl.tol) or 0, 0
-if tol > 0 and burst == 1 then
-  local bare = spacing(rate or p.raise.cfg, burst, p.window)
-  gap = math.floor(bare + math.max(interval - bare, 0) * 3 / 4) -- as startGap
-end
-return {GRANTED, tick - now, 0, tick, tol, known, gap}
+-- startLua), apart from the start before it by the gap Go makes of the
+-- spacing without the guard (see startGap).
+local tol, bare = tonumber(ctl.tol) or 0, 0
+if tol > 0 and burst == 1 then bare = spacing(rate or p.raise.cfg, burst, p.window) end
+return {ANSWERED, known, tol, interval, bare, GRANTED, tick - now, 0, tick}
 `
 
 // batchStagger spaces the moments at which callers of a batch deferred as
@@ -995,71 +989,61 @@ func (b *Bucket) testRun(kind string) {
 	}
 }
 
-// parseReply reads a reserve script's reply for n calls: {code, wait,
-// reason, tick, tolerance[, run_id]} for the first (see reserveFunction),
-// then {code, wait, reason, tick} for each other one (see coreFunction); a
-// deferral of the whole batch (a high call waits) answers the first call
-// only, for all of them. ok is false when the core script handed the
-// calls to the full one.
+// parseReply reads a grant's reply for n calls (its shape is at
+// replyHeader). ok is false when a lean grant handed the calls over to
+// the full one.
 func (b *Bucket) parseReply(res []any, n int, server string) (rs []reservation, ok bool, err error) {
 	bad := func() ([]reservation, bool, error) {
 		return nil, false, fmt.Errorf("shaper: reserve a tick for %q: unexpected reply %v", b.name, res)
 	}
-	if len(res) == 1 && res[0] == int64(replyFull) {
+	if len(res) < replyHeader {
+		return bad()
+	}
+	var head [replyHeader]int64
+	for i, x := range res[:replyHeader] {
+		switch v := x.(type) {
+		case int64:
+			head[i] = v
+		case string:
+			if i != 1 {
+				return bad()
+			}
+			if v != "" {
+				server = v
+			}
+		default:
+			return bad()
+		}
+	}
+	if handover(head[0]) != answered {
 		return nil, false, nil
 	}
-	if len(res) < 5 {
+	if len(res) != replyHeader+replyItem*n {
 		return bad()
 	}
-	num := func(i int) (int64, bool) { v, ok := res[i].(int64); return v, ok }
-	var tol int64
-	if v, isInt := num(4); isInt {
-		tol = v
-	} else {
-		return bad()
-	}
-	whole := n > 1 && len(res) == 5 // the batch deferred as one
-	if !whole && len(res) < 5+4*(n-1) {
-		return bad()
-	}
-	// After the items: the server that answered (the full script) and,
-	// with a margin lesson in force, the gap between starts (see
-	// startLua).
+	tol := time.Duration(head[2]) * time.Microsecond
 	var gap time.Duration
-	if !whole {
-		for _, x := range res[5+4*(n-1):] {
-			switch v := x.(type) {
-			case string:
-				server = v
-			case int64:
-				gap = time.Duration(v) * time.Microsecond
-			}
-		}
+	if bare := time.Duration(head[4]) * time.Microsecond; bare > 0 {
+		gap = startGap(time.Duration(head[3])*time.Microsecond, bare).Truncate(time.Microsecond)
 	}
 	for i := range n {
-		at := 0
-		if i > 0 && !whole {
-			at = 5 + 4*(i-1)
-		}
-		var v [4]int64
+		var v [replyItem]int64
 		for j := range v {
-			x, isInt := num(at + j)
+			x, isInt := res[replyHeader+replyItem*i+j].(int64)
 			if !isInt {
 				return bad()
 			}
 			v[j] = x
 		}
-		if whole && v[0] == replyGranted {
-			return bad()
+		r := reservation{ok: v[0] == replyGranted, wait: time.Duration(v[1]) * time.Microsecond, reason: deferReason(v[2]),
+			tick: v[3], tolerance: tol, server: server, gap: gap}
+		if r.reason == behindHigh {
+			// A batch told to step aside for a high call comes back in
+			// its order, one stagger apart, not in a race that shuffles
+			// it.
+			r.wait += time.Duration(i) * batchStagger
 		}
-		wait := time.Duration(v[1]) * time.Microsecond
-		if whole {
-			// Callers told to come back together come back in their
-			// order, one stagger apart, not in a race that shuffles them.
-			wait += time.Duration(i) * batchStagger
-		}
-		rs = append(rs, reservation{ok: v[0] == replyGranted, wait: wait, reason: deferReason(v[2]),
-			tick: v[3], tolerance: time.Duration(tol) * time.Microsecond, server: server, gap: gap})
+		rs = append(rs, r)
 	}
 	return rs, true, nil
 }

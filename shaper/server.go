@@ -163,7 +163,8 @@ func (s *servers) learn(group, id string, d uint64, now time.Time) {
 //
 // KEYS[1] the group's check key. Returns the run_id (noServer where INFO
 // is refused).
-var checkScript = redis.NewScript(codesLua + `
+var checkScript = redis.NewScript(`
+local NO_SERVER = '` + noServer + `'
 local k_check = KEYS[1]
 redis.call('SET', k_check, '1', 'PX', 1000)
 local info = redis.pcall('INFO', 'server')

@@ -63,7 +63,8 @@ var startScript = redis.NewScript(nowFromLua + startLua)
 // guard's share of a tick cover how differently two calls travel to the
 // vendor after their start (a goroutine woken late, a GC pause between
 // the stamp and the request written), the last quarter lets a late
-// start drain. The reserve scripts compute the same.
+// start drain. The grants reply iv and bare (see replyHeader); this is
+// the one place the rule is written.
 func startGap(iv, bare time.Duration) time.Duration {
 	if iv <= bare {
 		return iv
