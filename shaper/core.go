@@ -8,7 +8,7 @@ import "fmt"
 //
 // need is answered, or what a lean grant (core, counted) lacks to decide
 // (then no calls follow, and the gate asks the full grant); server is the
-// run_id the full grant read by INFO ('': as the gate passed it); tol is
+// run_id the full grant read by INFO (empty: as the gate passed it); tol is
 // a learned tolerance (µs; 0: the policy's); iv and bare, while a margin
 // lesson is in force, the interval in force and the spacing without the
 // guard, from which Go makes the gap between starts (startGap; bare 0:
