@@ -23,11 +23,11 @@ import (
 // of issue 43) each composed Lua text may have.
 var luaCeilings = map[string]int{
 	"coreFunction":    356,
-	"countedFunction": 719,
-	"reserveFunction": 1035,
-	"giveUpScript":    225,
-	"countUsedScript": 170,
-	"limitsScript":    155,
+	"countedFunction": 752,  // counter_adopt: counters named by their window (G1 across edits)
+	"reserveFunction": 1068, // counter_adopt: counters named by their window (G1 across edits)
+	"giveUpScript":    258,  // counter_adopt: counters named by their window (G1 across edits)
+	"countUsedScript": 203,  // counter_adopt: counters named by their window (G1 across edits)
+	"limitsScript":    188,  // counter_adopt: counters named by their window (G1 across edits)
 	"refusedScript":   150,
 	"applyScript":     136,
 	"planScript":      111,

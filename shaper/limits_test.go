@@ -667,3 +667,111 @@ func TestGivenUpTickLeavesTheQuota(t *testing.T) {
 		t.Errorf("the quota counts %d after 5 calls of 2 and a given-up tick of 3, want 10", use[1].Used)
 	}
 }
+
+// TestQuotaKeepsItsCountAcrossAnEdit edits a bucket's limits while its
+// quota is half spent, in the ways a config.toml edit may: a limit added
+// ahead of the quota, one taken away ahead of it (before the fix the
+// counters were named by their place in the list, and the quota counted
+// from zero: 350 calls in a minute), the quota's own rate lowered, the
+// guard widened (its slots change width). The quota counts on from what
+// it counted (G1 across config edits): no minute holds more calls than
+// the quota allows.
+func TestQuotaKeepsItsCountAcrossAnEdit(t *testing.T) {
+	perMinute := Limit{Rate: 300, Window: time.Minute}
+	hourly := Limit{Rate: 5000, Window: time.Hour}
+	for _, c := range []struct {
+		name          string
+		before, after []Limit
+		was, guard    time.Duration // before and after the edit (0: the default)
+		most          int           // calls a minute the quota allows after the edit
+	}{
+		{"a limit added ahead of it", []Limit{{Rate: 20, Window: time.Second}, perMinute},
+			[]Limit{{Rate: 20, Window: time.Second}, hourly, perMinute}, 0, 0, 300},
+		{"a limit taken away ahead of it", []Limit{{Rate: 20, Window: time.Second}, hourly, perMinute},
+			[]Limit{{Rate: 20, Window: time.Second}, perMinute}, 0, 0, 300},
+		{"its rate lowered", []Limit{{Rate: 20, Window: time.Second}, perMinute},
+			[]Limit{{Rate: 20, Window: time.Second}, {Rate: 280, Window: time.Minute}}, 0, 0, 300},
+		{"the guard widened", []Limit{{Rate: 20, Window: time.Second}, perMinute},
+			[]Limit{{Rate: 20, Window: time.Second}, perMinute}, 0, 500 * time.Millisecond, 300},
+		{"the guard narrowed", []Limit{{Rate: 20, Window: time.Second}, perMinute},
+			[]Limit{{Rate: 20, Window: time.Second}, perMinute}, 500 * time.Millisecond, 0, 300},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewGate(redistest.Client(t), Config{KeyPrefix: redistest.Prefix(t)})
+			clk := fakeRedisTime(g, testEpoch)
+			b, err := g.Bucket("crm", Policy{Limits: c.before, Guard: c.was})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := simulate(t, b, clk, 250, one)
+			edited, err := g.Bucket("crm", Policy{Limits: c.after, Guard: c.guard})
+			if err != nil {
+				t.Fatal(err)
+			}
+			second := simulate(t, edited, clk, 100, one)
+			all := append(first, second...)
+			if n := maxUnits(all, time.Minute); n > c.most {
+				t.Errorf("%d calls in a minute across the edit, the quota allows %d", n, c.most)
+			}
+			if n := maxUnits(all, time.Second); n > 20 {
+				t.Errorf("%d calls in a second, limit 20", n)
+			}
+		})
+	}
+}
+
+// TestQuotaOfThePreviousReleaseCountsOn leaves a half-spent quota as the
+// previous release kept it (its counters named by the limit's place in
+// the list, without the width of their slots), and asks on with this
+// one: the quota takes the counter over on first touch, slot by slot, and
+// no minute holds more than the quota.
+func TestQuotaOfThePreviousReleaseCountsOn(t *testing.T) {
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	clk := fakeRedisTime(g, testEpoch)
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 300, Window: time.Minute}}}
+	b, err := g.Bucket("crm", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := simulate(t, b, clk, 250, one)
+	ctx := context.Background()
+	fields, err := rdb.HGetAll(ctx, b.keys.counts).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]any{}
+	for f, v := range fields {
+		if strings.HasSuffix(f, ":slot") {
+			continue
+		}
+		f = strings.Replace(strings.Replace(f, "w60000000:", "2:", 1), "w1000000:", "1:", 1)
+		old[f] = v
+	}
+	if _, ok := old["2:sum"]; !ok || len(old) < 4 {
+		t.Fatalf("no minute counter to leave as the previous release did: %v", fields)
+	}
+	if err := rdb.Del(ctx, b.keys.counts).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, b.keys.counts, old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	upgraded, err := g.Bucket("crm", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := simulate(t, upgraded, clk, 100, one)
+	if n := maxUnits(append(first, second...), time.Minute); n > 300 {
+		t.Errorf("%d calls in a minute across the upgrade, the quota allows 300", n)
+	}
+	// The slots moved one by one: the 51st call of the second batch goes
+	// when the first calls leave the minute, not a window after the last.
+	at := time.Duration(second[50].at-first[0].at) * time.Microsecond
+	if at < 60*time.Second || at > 62*time.Second {
+		t.Errorf("the 51st call after the upgrade at %v, want when the first calls leave the minute (60-62 s)", at)
+	}
+	if n, _ := rdb.HExists(ctx, b.keys.counts, "2:sum").Result(); n {
+		t.Error("the previous release's counter is still there after the first grant")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,7 +72,12 @@ func (p Policy) MaxCost() int {
 const limitSlots = 60
 
 // limitSpec is the limits of p as the reserve script reads them
-// (parse_limits): "kind:rate:span:slot" for each. A quota (kind q) counts
+// (parse_limits): "kind:rate:span:slot:id" for each. id names the
+// limit's counter in the counts hash by what the limit is, its window
+// (and its rank among the limits of that window), never by its place in
+// the list: a config edit that adds or takes away another limit leaves
+// every other counter counting on (TestQuotaKeepsItsCountAcrossAnEdit),
+// as do replicas that read the config before and after it. A quota (kind q) counts
 // over its window + guard in slots of 1/limitSlots of it, which may hold
 // its oldest calls up to one slot longer than the vendor does. A spaced
 // limit is counted too, so that calls of any cost keep it: with a guard
@@ -81,7 +87,13 @@ const limitSlots = 60
 // guard (kind s) over the window, checked for calls above one unit only.
 func limitSpec(p Policy) string {
 	var b strings.Builder
+	same := map[time.Duration]int{} // limits of each window so far
 	for i, l := range p.Limits {
+		id := "w" + strconv.FormatInt(l.Window.Microseconds(), 10)
+		if k := same[l.Window]; k > 0 {
+			id += "." + strconv.Itoa(k)
+		}
+		same[l.Window]++
 		span := (l.Window + p.Guard).Microseconds()
 		slot := max((span+limitSlots-1)/limitSlots, 1)
 		kind := 'q'
@@ -97,7 +109,7 @@ func limitSpec(p Policy) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, "%c:%d:%d:%d", kind, l.Rate, span, slot)
+		fmt.Fprintf(&b, "%c:%d:%d:%d:%s", kind, l.Rate, span, slot, id)
 	}
 	return b.String()
 }

@@ -89,19 +89,25 @@ end
 // at most rate units in any span (the limit's window + guard), counted
 // in slots of width slot µs. In the hash key, field id..':'..j holds the
 // units of the calls whose tick is in [j*slot, (j+1)*slot), id..':sum'
-// their sum, id..':low' the oldest slot that may still count and
-// id..':top' the newest written. A call counts until its slot's end has
+// their sum, id..':low' the oldest slot that may still count,
+// id..':top' the newest written and id..':slot' the width they were
+// written in. An edit that changes the width (the guard's) moves what
+// was counted into the new slot of the old top's end, where it counts
+// at least as long as it did; a counter of the previous release, named
+// by the limit's place (pos), is taken over on first touch (see
+// counter_adopt). A call counts until its slot's end has
 // left the span, so a count errs on the safe side by at most one slot
 // (1/limitSlots of the window), and the state is at most
 // (span + horizon) / slot + 5 fields whatever the rate.
 const countersLua = `
--- parse_limits(spec) reads "kind:rate:span:slot,..." (see limitSpec:
+-- parse_limits(spec) reads "kind:rate:span:slot:id,..." (see limitSpec:
 -- kind q a quota, c a spaced limit counted for every call, s one
 -- counted for calls above one unit).
 local function parse_limits(spec)
   local out = {}
-  for kind, rate, span, slot in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+)') do
-    out[#out + 1] = {id = tostring(#out + 1), kind = kind, rate = tonumber(rate), span = tonumber(span), slot = tonumber(slot)}
+  for kind, rate, span, slot, id in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+):([%w.]+)') do
+    out[#out + 1] = {id = id, pos = tostring(#out + 1), kind = kind, rate = tonumber(rate), span = tonumber(span),
+      slot = tonumber(slot)}
   end
   return out
 end
@@ -115,6 +121,35 @@ local function counters_in_use(all, spaced)
     if c.kind == 'q' then out[#out + 1] = c end
   end
   return out
+end
+
+-- counter_adopt(key, c, old, now) moves counter old ({id, slot}: the
+-- previous release's, named by its place, or c before an edit of its
+-- slots' width) into c: each old slot's units into the slot of c that
+-- holds the old one's end, where they count at least as long as they
+-- did. Returns c's sum, low and top (nil: nothing to move).
+local function counter_adopt(key, c, old, now)
+  local sum, low, top = unpack(redis.call('HMGET', key, old.id .. ':sum', old.id .. ':low', old.id .. ':top'))
+  if not (sum and low and top) then return nil end
+  top = tonumber(top)
+  low = math.max(tonumber(low), top - 4096)
+  local names, moved, f = {}, {}, {}
+  for j = low, top do names[#names + 1] = old.id .. ':' .. fmt(j) end
+  local units = redis.call('HMGET', key, unpack(names))
+  for _, name in ipairs({'sum', 'low', 'top', 'fill', 'fill_j', 'slot'}) do names[#names + 1] = old.id .. ':' .. name end
+  for i = 1, #names, 500 do redis.call('HDEL', key, unpack(names, i, math.min(i + 499, #names))) end
+  local first, last = nil, math.floor(((top + 1) * old.slot - 1) / c.slot)
+  for i, u in ipairs(units) do
+    if u then
+      local j = math.floor(((low + i) * old.slot - 1) / c.slot)
+      moved[j], first = (moved[j] or 0) + tonumber(u), first or j
+    end
+  end
+  if not first then first, moved[last] = last, tonumber(sum) end
+  for j, u in pairs(moved) do f[#f + 1], f[#f + 2] = c.id .. ':' .. fmt(j), u end
+  redis.call('HSET', key, c.id .. ':sum', sum, c.id .. ':low', fmt(first), c.id .. ':top', fmt(last), c.id .. ':slot', c.slot,
+    unpack(f))
+  return sum, fmt(first), fmt(last)
 end
 
 local function slot_fields(c, from, to)
@@ -161,8 +196,13 @@ end
 -- command.
 local function counter_load(key, c, now, write)
   c.jn = math.floor(now / c.slot)
-  local sum, low, top, fill, units = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
-    c.id .. ':fill', c.id .. ':' .. fmt(c.jn)))
+  local sum, low, top, fill, units, slot = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
+    c.id .. ':fill', c.id .. ':' .. fmt(c.jn), c.id .. ':slot'))
+  if not sum and write then sum, low, top = counter_adopt(key, c, {id = c.pos, slot = c.slot}, now) end
+  if slot and tonumber(slot) ~= c.slot and sum and write then
+    sum, low, top = counter_adopt(key, c, {id = c.id, slot = tonumber(slot)}, now)
+    fill, units = nil, nil
+  end
   c.jn_units = tonumber(units) or 0
   c.sum = tonumber(sum) or 0
   c.top = tonumber(top)
@@ -213,8 +253,7 @@ local function counter_add(key, c, t, cost, keep, now)
     c.top = j
     f[#f + 1] = c.id .. ':low'
     f[#f + 1] = fmt(c.low)
-    f[#f + 1] = c.id .. ':top'
-    f[#f + 1] = fmt(j)
+    f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = c.id .. ':top', fmt(j), c.id .. ':slot', c.slot
     redis.call('HSET', key, unpack(f))
     extend(key, (j + 1) * c.slot + keep, now)
   else
@@ -232,7 +271,7 @@ local function counter_fill(key, c, t, now)
   c.low = math.floor((now - c.span) / c.slot)
   c.sum, c.top, c.fill = c.rate, j, c.rate
   redis.call('HSET', key, c.id .. ':' .. fmt(j), c.rate, c.id .. ':sum', c.rate, c.id .. ':low', fmt(c.low),
-    c.id .. ':top', fmt(j), c.id .. ':fill', c.rate, c.id .. ':fill_j', fmt(j))
+    c.id .. ':top', fmt(j), c.id .. ':fill', c.rate, c.id .. ':fill_j', fmt(j), c.id .. ':slot', c.slot)
   extend(key, (j + 1) * c.slot + c.span, now)
 end
 `
