@@ -1,13 +1,17 @@
 // Package recipes is the usual way teams rate-limit vendor calls from
 // asynq workers, for the demo and the benchmark to measure shaper against:
 // each replica an asynq.Server whose handler asks its own limiter, defers
-// refused tasks with asynq's retry (not counted as a failure), and defers
-// 429s by Retry-After.
+// refused tasks with asynq's retry (not counted as a failure), defers
+// 429s by Retry-After, and stores each answer's body with the task's
+// ResultWriter, kept as long as shaper keeps a call (Retention): the
+// same work shaper does, so that the benchmark's overhead ratio compares
+// like with like.
 package recipes
 
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -15,6 +19,14 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
+)
+
+// Retention is how long a finished task and its stored answer are kept
+// (shaper's default, queue.DefaultRetention), and MaxAnswer the most of
+// a body stored (shaper's default max_answer).
+const (
+	Retention = 24 * time.Hour
+	MaxAnswer = 1 << 20
 )
 
 // Admit says whether a call may go now, or how long to defer it.
@@ -49,7 +61,8 @@ func Run(ctx context.Context, newClient func() *redis.Client, q, vendorURL strin
 	ac := asynq.NewClientFromRedisClient(newClient())
 	defer ac.Close()
 	for i := range calls {
-		if _, err := ac.EnqueueContext(ctx, asynq.NewTask("call", nil), asynq.Queue(q), asynq.TaskID(q+"-"+strconv.Itoa(i)), asynq.MaxRetry(10000)); err != nil {
+		if _, err := ac.EnqueueContext(ctx, asynq.NewTask("call", nil), asynq.Queue(q), asynq.TaskID(q+"-"+strconv.Itoa(i)), asynq.MaxRetry(10000),
+			asynq.Retention(Retention)); err != nil {
 			return nil, err
 		}
 	}
@@ -77,12 +90,17 @@ func Run(ctx context.Context, newClient func() *redis.Client, q, vendorURL strin
 			if err != nil {
 				return err
 			}
+			body, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswer))
 			resp.Body.Close()
+			if err != nil {
+				return err
+			}
 			if resp.StatusCode == http.StatusTooManyRequests {
 				ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 				return &deferred{after: time.Duration(ra) * time.Second}
 			}
-			return nil
+			_, err = t.ResultWriter().Write(body)
+			return err
 		})
 		if err := srv.Start(mux); err != nil {
 			for _, s := range servers {
