@@ -439,10 +439,15 @@ end
 -- not allowed, runid is '' and only missing states are detected. The
 -- epoch is set once per group: a state missing while it exists expired
 -- after idle or was lost (the expiry set tells which); with the epoch
--- missing too, this is a first start or Redis lost everything. Returns
+-- missing too, this is a first start or Redis lost everything: a gate
+-- that passed another server's run_id granted on that one, and the loss
+-- is a switch as above (every missing state of the group counts as lost
+-- for keep, not only the first one asked); else it cannot be told from
+-- a first start, and only the first state asked counts as lost. Returns
 -- the run_id as the gate should know it (noServer where INFO is refused),
 -- then runid, epoch, switched.
 local function server(k_epoch, known, keep, now)
+  local passed = known
   local ep = redis.call('GET', k_epoch)
   local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
   -- What the gate knows is checked against INFO whenever it is not what
@@ -458,7 +463,10 @@ local function server(k_epoch, known, keep, now)
   local epoch = ep ~= false
   local switched = false
   if runid ~= '' then
-    if not epoch then
+    if not epoch and passed ~= '' and passed ~= NO_SERVER and passed ~= runid then
+      switched = true
+      redis.call('SET', k_epoch, runid .. '|' .. fmt(now))
+    elseif not epoch then
       redis.call('SET', k_epoch, runid .. '|0')
     elseif erun ~= runid then
       switched = true

@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -244,5 +245,65 @@ func TestOtherLayoutKeepsQuotas(t *testing.T) {
 	r := reserveOnce(t, b)
 	if r.ok || r.wait < 30*time.Minute {
 		t.Errorf("after 30 calls of a quota of 30 per hour: %+v; want a deferral until the quota frees", r)
+	}
+}
+
+// TestOwnRedisRestartLosesEveryAccount is a Redis that restarts without
+// its data while a per-account vendor's callers hold ticks it granted up
+// to a horizon ahead. The group's epoch is gone with everything else, so
+// the first account asked cannot tell a loss from a first start; but the
+// gate had granted on the old server (it passes that server's run_id):
+// every account's missing state counts as lost, not the first alone.
+// Before the fix the second account was granted at once beside the ticks
+// its callers still held: over its limit in one window.
+func TestOwnRedisRestartLosesEveryAccount(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newReplica(t, srv.Addr, redistest.Prefix(t), nil)
+	p := Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}}
+	grp, err := r.gate.Group("shop", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	recs := map[string]*recorder{}
+	for _, name := range []string{"store-1", "store-2", "store-3"} {
+		bk, err := grp.Bucket(name, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{}
+		recs[name] = rec
+		// Callers enough to hold ticks most of a horizon ahead.
+		for range 64 {
+			wg.Go(func() {
+				for time.Now().Before(stop) && ctx.Err() == nil {
+					permit, err := bk.Acquire(ctx)
+					if errors.Is(err, ErrUnavailable) {
+						time.Sleep(5 * time.Millisecond) // the restart
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					rec.add(permit.granted)
+				}
+			})
+		}
+	}
+	time.Sleep(1200 * time.Millisecond)
+	srv.Kill()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for name, rec := range recs {
+		ts := rec.times()
+		t.Logf("%s: %d calls", name, len(ts))
+		checkWindows(t, ts, p, 60)
 	}
 }
