@@ -135,7 +135,7 @@ func TestOwnRedisStaleCopy(t *testing.T) {
 // written. On the server that took over, for a window after the switch, a
 // missing state counts as lost (its first tick waits out the horizon the
 // old server could have reserved up to); on a server that did not switch,
-// a bucket new to a group already in use is granted at once.
+// a bucket new to a group in use for keep + horizon is granted at once.
 func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -189,11 +189,18 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	// the group missing on B still counts as lost.
 	after, afterResets := first(bucket(b, "shop", "store-2"))
 	// A group B has served all along: its first bucket starts the epoch
-	// (a first use counts as a loss), its second is new, not lost.
+	// (a first use counts as a loss, and so does every bucket new to the
+	// group for keep + horizon after it: Redis may have lost everything
+	// without a switch the gate saw), a later one is new, not lost.
 	first(bucket(b, "mall", "store-1"))
-	fresh, _ := first(bucket(b, "mall", "store-2"))
-	t.Logf("first grant on B: a bucket missing at the switch %s (%d resets), another just after it %s (%d resets); a new bucket of a group B served all along %s",
-		switched, resets, after, afterResets, fresh)
+	soon, _ := first(bucket(b, "mall", "store-2"))
+	time.Sleep(2500 * time.Millisecond) // keep (a window and a guard) and a horizon
+	fresh, _ := first(bucket(b, "mall", "store-3"))
+	t.Logf("first grant on B: a bucket missing at the switch %s (%d resets), another just after it %s (%d resets); a new bucket of a group B served all along, just after its first %s, %s later %s",
+		switched, resets, after, afterResets, soon, 2500*time.Millisecond, fresh)
+	if soon < DefaultHorizon*8/10 {
+		t.Errorf("a bucket new to a group whose epoch was just made: first grant after %s; want it lost (about %s)", soon, DefaultHorizon)
+	}
 	if resets < 1 || switched < DefaultHorizon*8/10 {
 		t.Errorf("a state missing at the switch: first grant after %s, %d resets; want it lost (a reset, about %s)", switched, resets, DefaultHorizon)
 	}
