@@ -27,7 +27,7 @@ func TestOwnRedisCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 10 {
-		if _, _, err := b.Ask(ctx, Request{Cost: 2, Lane: Lane(i % 2)}); err != nil {
+		if _, err := b.Acquire(ctx, Request{Cost: 2, Lane: Lane(i % 2)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -50,7 +50,7 @@ func TestOwnRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 3 {
-			if _, _, err := ab.Ask(ctx, Request{Cost: 1 + i}); err != nil {
+			if _, err := ab.Acquire(ctx, Request{Cost: 1 + i}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -330,10 +330,10 @@ func TestCostsKeepEveryLimit(t *testing.T) {
 	if share < 0.95 {
 		t.Errorf("%.1f%% of the units the vendor allows, want at least 95%%", 100*share)
 	}
-	if _, _, err := b.Ask(context.Background(), Request{Cost: 101}); err == nil {
+	if _, err := b.Acquire(context.Background(), Request{Cost: 101}); err == nil {
 		t.Error("a cost above the rate was accepted")
 	}
-	if _, _, err := b.Ask(context.Background(), Request{Cost: -1}); err == nil {
+	if _, err := b.Acquire(context.Background(), Request{Cost: -1}); err == nil {
 		t.Error("a negative cost was accepted")
 	}
 }

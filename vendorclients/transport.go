@@ -2,6 +2,7 @@ package vendorclients
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -120,15 +121,15 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	ask := requestFrom(ctx)
 	ask.MaxWait = t.maxWait
 	tw := t.startTickWait(ctx, &ask)
-	permit, wait, err := bucket.Ask(ctx, ask)
-	tw.end(permit, wait, err)
+	permit, err := bucket.Acquire(ctx, ask)
+	tw.end(permit, err)
 	if err != nil {
 		closeBody(req)
+		var wait *shaper.Wait // deferred beyond MaxWait
+		if errors.As(err, &wait) {
+			return nil, 0, &WaitError{Vendor: t.vendor.Name, Wait: wait.For}
+		}
 		return nil, 0, err
-	}
-	if permit == nil {
-		closeBody(req)
-		return nil, 0, &WaitError{Vendor: t.vendor.Name, Wait: wait}
 	}
 	if t.observer != nil {
 		t.observer.Started(t.vendor.Name, time.Since(asked))
