@@ -55,7 +55,7 @@ func (l Lane) String() string {
 type Request struct {
 	// Cost is the units the call uses of every limit of its bucket and of
 	// its group's total: 1 (the default, also for 0) up to the smallest
-	// rate among them (Bucket.MaxCost).
+	// rate among them (Acquire refuses any other).
 	Cost int
 	Lane Lane
 	// MaxWait bounds the wait (0: no bound): a deferral longer than it
@@ -102,15 +102,15 @@ type Request struct {
 	Waited func(Wait)
 }
 
-// ErrCost is returned for a cost no limit of the bucket can admit.
-var ErrCost = errors.New("shaper: invalid cost")
+// errCost is returned for a cost no limit of the bucket can admit.
+var errCost = errors.New("shaper: invalid cost")
 
-// MaxCost is the largest cost a call of the bucket can have: the
+// maxCost is the largest cost a call of the bucket can have: the
 // smallest rate of its limits and of its group's total.
-func (b *Bucket) MaxCost() int {
-	m := b.policy.MaxCost()
+func (b *Bucket) maxCost() int {
+	m := b.policy.maxCost()
 	if b.total != nil {
-		m = min(m, b.total.policy.MaxCost())
+		m = min(m, b.total.policy.maxCost())
 	}
 	return m
 }
@@ -148,8 +148,8 @@ func (b *Bucket) acquire(ctx context.Context, req Request) (*Permit, error) {
 	if req.Cost == 0 {
 		req.Cost = 1
 	}
-	if m := b.MaxCost(); req.Cost < 1 || req.Cost > m {
-		return nil, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", ErrCost, req.Cost, b.name, m)
+	if m := b.maxCost(); req.Cost < 1 || req.Cost > m {
+		return nil, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", errCost, req.Cost, b.name, m)
 	}
 	maxWait := req.MaxWait
 	backlogged := false // told req.Backlogged

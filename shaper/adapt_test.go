@@ -124,7 +124,7 @@ func TestAnnounce(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := b.Stats(ctx)
-	iv, _ := p.WithRate(40)
+	iv, _ := p.withRate(40)
 	if st.RateSource != "announced" || !near(st.EffectiveRate, EffectiveRate(iv, 1, time.Second)) || st.RateReason != "X-RateLimit-Limit: 40" {
 		t.Fatalf("announced: %+v", st)
 	}

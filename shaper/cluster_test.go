@@ -31,7 +31,7 @@ func TestOwnRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if use, err := b.Limits(ctx); err != nil || use[1].Used != 20 || use[1].Left != 0 {
+	if use, err := b.limitUse(ctx); err != nil || use[1].Used != 20 || use[1].Left != 0 {
 		t.Fatalf("the quota after 10 calls of 2 units: %+v, %v", use, err)
 	}
 	if _, err := b.Control().CountUsed(ctx, 1, 20); err != nil {
@@ -59,7 +59,7 @@ func TestOwnRedisCluster(t *testing.T) {
 		}
 	}
 	ab, _ := grp.Bucket("a", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}})
-	if use, err := ab.TotalLimits(ctx); err != nil || use[1].Used != 18 {
+	if use, err := ab.totalLimitUse(ctx); err != nil || use[1].Used != 18 {
 		t.Fatalf("the total's quota after 9 calls of 18 units: %+v, %v", use, err)
 	}
 }

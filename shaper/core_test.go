@@ -88,7 +88,7 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			r := 5 + float64(rng.IntN(10))
 			both(func(b *Bucket) error { return b.Control().overrideRate(ctx, r, "test") })
 		case 2:
-			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
+			both(func(b *Bucket) error { return b.Control().clearRate(ctx) })
 		case 3:
 			clk.advance(time.Duration(rng.IntN(3000)) * time.Millisecond) // idle
 		case 4:

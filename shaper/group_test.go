@@ -215,8 +215,8 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := b.Policy().WithRate(75)
-	if got, _ := b.Policy().WithRate(70); st.EffectiveRate <= EffectiveRate(got, 1, time.Second) ||
+	want, _ := b.Policy().withRate(75)
+	if got, _ := b.Policy().withRate(70); st.EffectiveRate <= EffectiveRate(got, 1, time.Second) ||
 		!near(st.EffectiveRate, EffectiveRate(want, 1, time.Second)) {
 		t.Errorf("after a quiet period and a grant: effective rate %.2f, want the 75 step (%.2f)", st.EffectiveRate, EffectiveRate(want, 1, time.Second))
 	}

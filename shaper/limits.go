@@ -42,15 +42,15 @@ end
 return out
 `)
 
-// Limits reads what each limit of the bucket has used, in the order of
+// limitUse reads what each limit of the bucket has used, in the order of
 // its policy's Limits, in one round trip.
-func (b *Bucket) Limits(ctx context.Context) ([]LimitUse, error) {
+func (b *Bucket) limitUse(ctx context.Context) ([]LimitUse, error) {
 	return readLimits(ctx, b.gate, b.name, b.keys.counts, b.policy, b.limits)
 }
 
-// TotalLimits reads what each limit of the bucket's group total has used
+// totalLimitUse reads what each limit of the bucket's group total has used
 // (nil without a total).
-func (b *Bucket) TotalLimits(ctx context.Context) ([]LimitUse, error) {
+func (b *Bucket) totalLimitUse(ctx context.Context) ([]LimitUse, error) {
 	if b.total == nil {
 		return nil, nil
 	}

@@ -256,7 +256,7 @@ func TestQuotaPaceThenWait(t *testing.T) {
 	if n := maxUnits(all, time.Minute); n > 300 {
 		t.Errorf("%d calls in a minute, limit 300", n)
 	}
-	use, err := b.Limits(context.Background())
+	use, err := b.limitUse(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if r.ok || r.wait < 59*time.Minute {
 		t.Fatalf("after a loss: %+v, want a wait of about the quota's hour", r)
 	}
-	use, err := b.Limits(ctx)
+	use, err := b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if _, err := b.Control().CountUsed(ctx, 1, 30); err != nil {
 		t.Fatal(err)
 	}
-	use, err = b.Limits(ctx)
+	use, err = b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if _, err := b.Control().CountUsed(ctx, 1, 3); err != nil {
 		t.Fatal(err)
 	}
-	use, err = b.Limits(ctx)
+	use, err = b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +583,7 @@ func TestTotalQuotaAcrossAccounts(t *testing.T) {
 	if granted != 100 {
 		t.Errorf("%d calls granted to two accounts under a total quota of 100 an hour", granted)
 	}
-	use, err := buckets[0].TotalLimits(ctx)
+	use, err := buckets[0].totalLimitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -649,7 +649,7 @@ func TestGivenUpTickLeavesTheQuota(t *testing.T) {
 	if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 3); err != nil {
 		t.Fatal(err)
 	}
-	use, err := b.Limits(ctx)
+	use, err := b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
