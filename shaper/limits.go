@@ -130,34 +130,3 @@ func (c *Control) CountUsed(ctx context.Context, i, used int) (int, error) {
 	}
 	return n, nil
 }
-
-// LimitFor returns the index of the limit of p that a vendor's
-// announcement describes, and false when none does: the limit of the
-// announced window; without one, the only limit of the announced rate;
-// without either, the only quota whose window can hold the announced
-// reset (0: none announced).
-func (p Policy) LimitFor(window time.Duration, rate int, reset time.Duration) (int, bool) {
-	found := -1
-	for i, l := range p.Limits {
-		var match bool
-		switch {
-		case window > 0:
-			match = l.Window == window
-		case rate > 0:
-			match = l.Rate == rate
-		case reset > p.Limits[0].Window:
-			match = p.Quota(i) && reset <= l.Window
-		}
-		if !match {
-			continue
-		}
-		if window > 0 {
-			return i, true
-		}
-		if found >= 0 {
-			return 0, false
-		}
-		found = i
-	}
-	return found, found >= 0
-}

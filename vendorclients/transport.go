@@ -174,6 +174,37 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	return resp, pause, nil
 }
 
+// announcedLimit returns the index of the limit of p that the vendor's
+// announcement h describes, and false when none does: the limit of the
+// announced window; without one, the only limit of the announced rate;
+// without either, the only quota whose window can hold the announced
+// reset (0: none announced).
+func announcedLimit(p shaper.Policy, h Hints) (int, bool) {
+	found := -1
+	for i, l := range p.Limits {
+		var match bool
+		switch {
+		case h.Window > 0:
+			match = l.Window == h.Window
+		case h.Limit > 0:
+			match = l.Rate == h.Limit
+		case h.Reset > p.Limits[0].Window:
+			match = p.Quota(i) && h.Reset <= l.Window
+		}
+		if !match {
+			continue
+		}
+		if h.Window > 0 {
+			return i, true
+		}
+		if found >= 0 {
+			return 0, false
+		}
+		found = i
+	}
+	return found, found >= 0
+}
+
 func closeBody(req *http.Request) {
 	if req.Body != nil {
 		_ = req.Body.Close()
@@ -194,7 +225,7 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 		t.log.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", vendor, "retry_after", v)
 	}
 	primary := bucket.Policy().Limits[0]
-	quota, isQuota := bucket.Policy().LimitFor(h.Window, h.Limit, h.Reset)
+	quota, isQuota := announcedLimit(bucket.Policy(), h)
 	isQuota = isQuota && bucket.Policy().Quota(quota)
 	if isQuota && h.Remaining >= 0 && t.counted.due(bucket.Name(), quota, h.Remaining == 0) {
 		// The vendor's count of a quota: counted if above the gate's own
