@@ -72,7 +72,7 @@ type Request struct {
 	// its replicas) at the bucket's rate.
 	Backlogged func(wait time.Duration)
 	// Tag, when set, is recorded with the call's tick in the bucket's
-	// record of tags (Bucket.Tagged), in the grant's round trip: a job
+	// record of tags, in the grant's round trip (for 30 s): a job
 	// runner names the worker and the call, so that when the worker
 	// dies another can tell its calls whose tick it did not live to see.
 	// It holds no newline.

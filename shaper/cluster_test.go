@@ -54,7 +54,7 @@ func TestOwnRedisCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, _, err := ab.Plan(ctx, 3); err != nil {
+		if _, _, err := ab.plan(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
@@ -145,10 +146,10 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 // same tags with the same ticks, and some.
 func sameTags(t *testing.T, script string, lean, full *Bucket) {
 	t.Helper()
-	var tags [2][]Tagged
+	var tags [2][]gatehook.Tag
 	for i, b := range []*Bucket{lean, full} {
 		var err error
-		if tags[i], err = b.Tagged(context.Background(), time.Time{}); err != nil {
+		if tags[i], err = b.tagged(context.Background(), time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}

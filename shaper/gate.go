@@ -119,10 +119,6 @@ func (b *Bucket) Name() string { return b.name }
 // Policy returns the bucket's policy with defaults applied.
 func (b *Bucket) Policy() Policy { return b.policy }
 
-// Replica returns the gate's replica id (Config.Replica, or the one it
-// made): a job runner may name its worker by it.
-func (g *Gate) Replica() string { return g.replica }
-
 // replicaID names this process: host, pid and a random part (two gates in
 // one process are two replicas).
 func replicaID() string {

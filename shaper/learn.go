@@ -56,7 +56,7 @@ type Answer struct {
 	// Jitter is how far the network may bunch calls up, when the caller
 	// knows more than the bucket measured: the bucket judges with the
 	// larger of it and the spread of the round trips it was told of
-	// (Bucket.ObserveRoundTrip).
+	// (vendorclients tells it of each).
 	Jitter time.Duration
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -157,7 +158,7 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	if err == nil {
 		// The bucket measures the spread of round trips: the jitter a
 		// refusal is judged with, and a measured guard.
-		bucket.ObserveRoundTrip(time.Since(sent))
+		gatehook.ObserveRoundTrip(bucket, time.Since(sent))
 	}
 	if err != nil {
 		call.end(returned, nil, 0, err)
