@@ -919,7 +919,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		core = core && b.batchable(req)
 	}
 	if core {
-		b.testRun("core")
+		b.gate.testRun("core")
 		args := b.coreArgs(reqs, server)
 		res, err := b.gate.run(ctx, coreFunction, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
@@ -941,7 +941,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		args.Server = server
 		mine := b.mine(args.Interval, args.Burst)
 		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
-			b.testRun("counted")
+			b.gate.testRun("counted")
 			ca := args.counted(mine)
 			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
 			if err != nil {
@@ -958,7 +958,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			b.fullUntil.Store(now.Add(fullFor).UnixNano())
 			lean = false
 		}
-		b.testRun("full")
+		b.gate.testRun("full")
 		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(mine).argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
@@ -986,13 +986,6 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 // in this process (see Bucket.gen).
 func (b *Bucket) mine(iv int64, burst int) string {
 	return fmt.Sprintf("%d|%d|%s|%d", iv, burst, b.gate.replica, b.gen.Load())
-}
-
-// testRun tells a test which reserve script runs (see Gate.testScript).
-func (b *Bucket) testRun(kind string) {
-	if b.gate.testScript != nil {
-		b.gate.testScript(kind)
-	}
 }
 
 // parseReply reads a reserve script's reply for n calls: {code, wait,
