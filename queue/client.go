@@ -21,6 +21,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
 )
@@ -278,7 +279,7 @@ const planLead = 1100 * time.Millisecond
 
 // plan returns, for each call of a per-account vendor, how long from now
 // it should wait in the queue's schedule: its account's plan (see
-// shaper.Bucket.Plan) less planLead, or 0 to be picked up at once. A long
+// gatehook.Plan) less planLead, or 0 to be picked up at once. A long
 // backlog of one account then waits in the schedule, not in front of the
 // other accounts' calls. Calls to other vendors are not planned.
 func (c *Client) plan(ctx context.Context, vendor string, calls []Call) ([]time.Duration, error) {
@@ -303,7 +304,7 @@ func (c *Client) plan(ctx context.Context, vendor string, calls []Call) ([]time.
 		if err != nil {
 			return nil, fmt.Errorf("queue: vendor %s, account %s: %w", vendor, account, err)
 		}
-		first, pace, err := b.Plan(ctx, len(idx))
+		first, pace, err := gatehook.Plan(ctx, b, len(idx))
 		if err != nil {
 			return nil, fmt.Errorf("queue: %w", err)
 		}

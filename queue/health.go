@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // redisHealth is what a worker knows of its Redis: whether it is down
@@ -116,7 +116,7 @@ func (h *redisHealth) await(ctx context.Context, max time.Duration) {
 // quiet reports whether a warning about err is to be held back: err says
 // Redis is unavailable, which is logged once per outage.
 func (h *redisHealth) quiet(err error) bool {
-	if !shaper.Unavailable(err) {
+	if !redisonce.Unavailable(err) {
 		return false
 	}
 	h.failed(err)

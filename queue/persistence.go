@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
 // Persistence is what a Redis keeps across a restart: queued calls live
@@ -146,7 +146,7 @@ func newRedisKept(rdb redis.UniversalClient, prefix string, log *slog.Logger) *r
 func (k *redisKept) check(ctx context.Context) bool {
 	info, err := k.rdb.Info(ctx, "server").Result()
 	if err != nil {
-		return !shaper.Unavailable(err) // INFO refused (an ACL, the embedded Redis): nothing to compare
+		return !redisonce.Unavailable(err) // INFO refused (an ACL, the embedded Redis): nothing to compare
 	}
 	now := infoField(info, "run_id")
 	if now == "" {
@@ -156,10 +156,10 @@ func (k *redisKept) check(ctx context.Context) bool {
 	switch {
 	case errors.Is(err, redis.Nil):
 		if err := k.rdb.SetNX(ctx, k.key, now, 0).Err(); err != nil {
-			return !shaper.Unavailable(err)
+			return !redisonce.Unavailable(err)
 		}
 	case err != nil:
-		return !shaper.Unavailable(err) // LOADING: ask again at the next beat
+		return !redisonce.Unavailable(err) // LOADING: ask again at the next beat
 	}
 	before := k.runID
 	k.runID = now

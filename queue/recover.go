@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
@@ -26,7 +27,7 @@ import (
 //   - Every grant of a tick records who holds the call, in the same
 //     round trip: the call's tag (shaper.Request.Tag, see tagOf) names
 //     the worker, the task's queue and its id, and the gate keeps it
-//     with the tick (shaper.Bucket.Tagged).
+//     with the tick (gatehook.Tagged).
 //   - A worker that lived to see its last heartbeat L sends a call no
 //     sooner than its tick, and would have said it is alive again by
 //     L+aliveEvery: a call whose tick is after L+startedWithin never
@@ -211,7 +212,7 @@ func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
 	back, gone := 0, 0
 	for _, rt := range w.runtimes(nil) {
 		bucket := rt.bucket()
-		tagged, err := bucket.Tagged(ctx, after)
+		tagged, err := gatehook.Tagged(ctx, bucket, after)
 		if err != nil {
 			w.log.Warn("could not read a dead worker's calls; they come back when asynq's lease expires", "vendor", rt.vendor.Name, "worker", s.worker, "err", err)
 			continue
@@ -234,13 +235,13 @@ func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
 				gone++
 			}
 		}
-		if err := bucket.Untag(ctx, done...); err != nil {
+		if err := gatehook.Untag(ctx, bucket, done...); err != nil {
 			w.log.Debug("could not release a dead worker's held calls", "vendor", rt.vendor.Name, "err", err)
 		}
 		// Its calls waiting in the bucket's line were granted no tick:
 		// none started. (A per-account vendor's lines are its accounts':
 		// those come back by their lease, sweepStale.)
-		lined, err := bucket.Lined(ctx)
+		lined, err := gatehook.Lined(ctx, bucket)
 		if err != nil {
 			continue
 		}
@@ -261,7 +262,7 @@ func (w *Worker) giveBack(ctx context.Context, s silence, now time.Time) {
 				gone++
 			}
 		}
-		_ = bucket.Unline(ctx, unlined...)
+		_ = gatehook.Unline(ctx, bucket, unlined...)
 	}
 	if back > 0 {
 		w.log.Info(fmt.Sprintf("a worker went silent %s ago: %d of its calls that had not started are back in their queues (calls that may have started come back when asynq's lease expires)",
@@ -302,7 +303,7 @@ func (w *Worker) sweepStale(ctx context.Context, rt *vendorRuntime) (int, error)
 	if len(stale) == 0 {
 		return 0, nil
 	}
-	tagged, err := rt.bucket().Tagged(ctx, time.Time{})
+	tagged, err := gatehook.Tagged(ctx, rt.bucket(), time.Time{})
 	if err != nil {
 		return 0, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"
 )
@@ -250,7 +251,7 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 	}
 	w.health.log = w.log
 	w.health.kept = newRedisKept(rdb, cfg.KeyPrefix, w.log)
-	w.live = newLiveness(rdb, cfg.KeyPrefix, w.gate.Replica())
+	w.live = newLiveness(rdb, cfg.KeyPrefix, gatehook.Replica(w.gate))
 	w.live.handled = w.advertised // with every heartbeat (handlers.go)
 	for _, v := range cfg.Vendors {
 		rt, err := w.newRuntime(v)
@@ -299,7 +300,7 @@ func (w *Worker) Buckets() map[string]*shaper.Bucket {
 func (w *Worker) Serving() int { return int(w.serving.Load()) }
 
 // AccountBacklogs returns, for each per-account vendor, how many of its
-// accounts have calls planned ahead (see shaper.Group.Backlogs).
+// accounts have calls planned ahead (see gatehook.Backlogs).
 func (w *Worker) AccountBacklogs(ctx context.Context) (map[string]int64, error) {
 	w.mu.Lock()
 	groups := map[string]*shaper.Group{}
@@ -311,7 +312,7 @@ func (w *Worker) AccountBacklogs(ctx context.Context) (map[string]int64, error) 
 	w.mu.Unlock()
 	out := make(map[string]int64, len(groups))
 	for name, g := range groups {
-		_, n, err := g.Backlogs(ctx, 0)
+		_, n, err := gatehook.Backlogs(ctx, g, 0)
 		if err != nil {
 			return out, err
 		}
@@ -463,7 +464,7 @@ func (w *Worker) respaceAccounts(ctx context.Context, reshaped [][2]*accountShap
 	for _, pair := range reshaped {
 		old, cur := pair[0], pair[1]
 		var bs []*shaper.Bucket
-		for _, account := range w.gate.ActiveIn(cur.group.Name()) {
+		for _, account := range gatehook.ActiveIn(w.gate, cur.group.Name()) {
 			np := accountPolicy(cur.policy, cur.overrides, account)
 			oldIv, oldBurst := accountPolicy(old.policy, old.overrides, account).Tick()
 			if iv, burst := np.Tick(); iv == oldIv && burst == oldBurst {

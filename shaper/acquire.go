@@ -55,10 +55,11 @@ func (l Lane) String() string {
 type Request struct {
 	// Cost is the units the call uses of every limit of its bucket and of
 	// its group's total: 1 (the default, also for 0) up to the smallest
-	// rate among them (Bucket.MaxCost).
+	// rate among them (Acquire refuses any other).
 	Cost int
 	Lane Lane
-	// MaxWait bounds the wait, as for AcquireWithin (0: no bound).
+	// MaxWait bounds the wait (0: no bound): a deferral longer than it
+	// is returned by Acquire as a *Wait error, without a permit.
 	MaxWait time.Duration
 	// Backlogged, when set, keeps the call's place in a backlog: a wait
 	// beyond MaxWait that is only the calls ahead of it (they asked first
@@ -71,7 +72,7 @@ type Request struct {
 	// its replicas) at the bucket's rate.
 	Backlogged func(wait time.Duration)
 	// Tag, when set, is recorded with the call's tick in the bucket's
-	// record of tags (Bucket.Tagged), in the grant's round trip: a job
+	// record of tags, in the grant's round trip (for 30 s): a job
 	// runner names the worker and the call, so that when the worker
 	// dies another can tell its calls whose tick it did not live to see.
 	// It holds no newline.
@@ -92,7 +93,7 @@ type Request struct {
 	// with the tick in Redis time: a job runner whose other replicas may
 	// have judged it dead, and given its call to another, says no, and
 	// the call starts nothing (its tick is given up). Its error is
-	// returned by Ask. It runs in the caller's goroutine and may make a
+	// returned by Acquire. It runs in the caller's goroutine and may make a
 	// round trip; the common call's answer costs none.
 	Fence func(ctx context.Context, tick time.Time) error
 	// Waited, when set, is told of each wait at the gate (see Wait),
@@ -101,15 +102,15 @@ type Request struct {
 	Waited func(Wait)
 }
 
-// ErrCost is returned for a cost no limit of the bucket can admit.
-var ErrCost = errors.New("shaper: invalid cost")
+// errCost is returned for a cost no limit of the bucket can admit.
+var errCost = errors.New("shaper: invalid cost")
 
-// MaxCost is the largest cost a call of the bucket can have: the
+// maxCost is the largest cost a call of the bucket can have: the
 // smallest rate of its limits and of its group's total.
-func (b *Bucket) MaxCost() int {
-	m := b.policy.MaxCost()
+func (b *Bucket) maxCost() int {
+	m := b.policy.maxCost()
 	if b.total != nil {
-		m = min(m, b.total.policy.MaxCost())
+		m = min(m, b.total.policy.maxCost())
 	}
 	return m
 }
@@ -117,28 +118,38 @@ func (b *Bucket) MaxCost() int {
 // Acquire blocks until the caller may start one call, and returns a permit
 // for it. It keeps the bucket's contract: a call starts within Tolerance of
 // its tick or not at all; a caller that wakes later gives the tick up and
-// asks again. It returns an error when ctx ends or Redis fails.
-func (b *Bucket) Acquire(ctx context.Context) (*Permit, error) {
-	p, _, err := b.AcquireWithin(ctx, 0)
-	return p, err
+// asks again.
+//
+// req, optional (at most one), is what the call asks of the bucket: its
+// cost and lane, a bound on the wait, and more (see Request); without
+// it, a call of one unit in the normal lane that waits as long as it
+// takes. A caller that must not hold a goroutine through a long wait (a
+// pause of an hour, a long backlog) sets Request.MaxWait: when the gate
+// defers the call for longer, Acquire returns no permit and a *Wait as
+// its error, saying how long to wait before asking again and what held
+// the call (errors.As). A granted tick is at most the policy's Horizon
+// away and is always waited out.
+//
+// Other errors: ctx ended, Redis failed (ErrUnavailable when it could
+// not answer for now), a cost the bucket cannot admit, or
+// Request.Fence's own.
+func (b *Bucket) Acquire(ctx context.Context, req ...Request) (*Permit, error) {
+	switch len(req) {
+	case 0:
+		return b.acquire(ctx, Request{})
+	case 1:
+		return b.acquire(ctx, req[0])
+	}
+	return nil, fmt.Errorf("shaper: Acquire of %q takes one Request at most, not %d", b.name, len(req))
 }
 
-// AcquireWithin is Acquire for callers that must not hold a goroutine
-// through a long wait (a pause of an hour, a long backlog): when the gate
-// defers the caller for longer than maxWait, it returns no permit and how
-// long to wait before trying again. A granted tick is at most the policy's
-// Horizon away and is always waited out. maxWait <= 0 means no bound.
-func (b *Bucket) AcquireWithin(ctx context.Context, maxWait time.Duration) (*Permit, time.Duration, error) {
-	return b.Ask(ctx, Request{MaxWait: maxWait})
-}
-
-// Ask is AcquireWithin for a call of any cost and lane (see Request).
-func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, error) {
+// acquire is Acquire for one request.
+func (b *Bucket) acquire(ctx context.Context, req Request) (*Permit, error) {
 	if req.Cost == 0 {
 		req.Cost = 1
 	}
-	if m := b.MaxCost(); req.Cost < 1 || req.Cost > m {
-		return nil, 0, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", ErrCost, req.Cost, b.name, m)
+	if m := b.maxCost(); req.Cost < 1 || req.Cost > m {
+		return nil, fmt.Errorf("%w: %d units for %q: a cost is a whole number from 1 to %d (the smallest rate among its limits)", errCost, req.Cost, b.name, m)
 	}
 	maxWait := req.MaxWait
 	backlogged := false // told req.Backlogged
@@ -168,14 +179,14 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		if check {
 			var err error
 			if in, err = b.lookForLine(ctx, l); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 		}
 		if in {
 			queued = true
 			var err error
 			if rank, err = b.waitInLine(ctx, l, req, member, &backlogged); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			admitted = true
 			b = b.gate.currentOf(l, b) // a respace while it waited
@@ -183,21 +194,21 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			// place in the line before anyone asks (lineSettle).
 			if wait := b.gate.settling(l, clock.Now()); wait > 0 {
 				if err := clock.Sleep(ctx, wait); err != nil {
-					return nil, 0, err
+					return nil, err
 				}
 				continue
 			}
 			// The admitted ask one after the other, in the line's order,
 			// not all at the moment they were let in.
 			if err := clock.Sleep(ctx, time.Duration(rank)*b.interval/lineStagger); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 		}
 		if b.policy.MeasureGuard && b.meter.takeRespace() {
 			// The measured guard jumped (a jittery network seen at
 			// last): the ticks granted at the narrower one go.
 			if err := b.respaceLine(ctx); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 		}
 		// A respace may have come while the caller waited in the line:
@@ -219,14 +230,14 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 		}
 		if b.batchable(ask) {
 			if err := ctx.Err(); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			r, sent, recv, err = b.gate.askBatched(ctx, l, b, ask)
 		} else {
 			select {
 			case l.asking <- struct{}{}:
 			case <-ctx.Done():
-				return nil, 0, ctx.Err()
+				return nil, ctx.Err()
 			}
 			sent = clock.Now()
 			r, err = b.reserve(ctx, ask)
@@ -234,7 +245,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			<-l.asking
 		}
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		if !r.ok {
 			if lined && r.reason == beyondHorizon {
@@ -252,12 +263,13 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			if r.reason == inFlightFull { // the others come back one tick apart already
 				wait += time.Duration(mrand.Int64N(int64(min(b.interval, time.Second)) + 1))
 			}
+			deferred := Wait{For: wait, Binding: r.reason.binding()}
 			if req.Waited != nil {
-				req.Waited(Wait{For: wait, Binding: r.reason.binding()})
+				req.Waited(deferred)
 			}
 			if maxWait > 0 && wait > maxWait {
 				if req.Backlogged == nil || r.reason != beyondHorizon {
-					return nil, wait, nil
+					return nil, &deferred
 				}
 				if !backlogged {
 					backlogged = true
@@ -265,7 +277,7 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 				}
 			}
 			if err := clock.Sleep(ctx, wait); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			continue
 		}
@@ -281,15 +293,15 @@ func (b *Bucket) Ask(ctx context.Context, req Request) (*Permit, time.Duration, 
 			queued = false
 			if err := b.leaveLine(ctx, member); err != nil {
 				_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost)
-				return nil, 0, err
+				return nil, err
 			}
 		}
 		p, err := b.holdTick(ctx, l, req, held{r: r, sent: sent, earliest: sent.Add(r.wait), tick: recv.Add(r.wait)})
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		if p != nil {
-			return p, 0, nil
+			return p, nil
 		}
 		if lined {
 			// Its tick was dropped (a pause, a respace) or given up late:

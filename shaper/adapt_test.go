@@ -124,7 +124,7 @@ func TestAnnounce(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := b.Stats(ctx)
-	iv, _ := p.WithRate(40)
+	iv, _ := p.withRate(40)
 	if st.RateSource != "announced" || !near(st.EffectiveRate, EffectiveRate(iv, 1, time.Second)) || st.RateReason != "X-RateLimit-Limit: 40" {
 		t.Fatalf("announced: %+v", st)
 	}
@@ -257,7 +257,7 @@ func TestReplicasDisagree(t *testing.T) {
 	slowIv, _ := slow.Policy().Tick()
 	fastIv, _ := fast.Policy().Tick()
 	grantTicks(t, slow, clk, 1) // the old replica asks under its config
-	w, ok, err := fast.Control().Widest(ctx)
+	w, ok, err := fast.Control().widest(ctx)
 	if err != nil || !ok || w.Replica != "old" || w.Interval != slowIv {
 		t.Fatalf("widest %+v, %v, %v; want the old replica's %v", w, ok, err, slowIv)
 	}
@@ -272,7 +272,7 @@ func TestReplicasDisagree(t *testing.T) {
 	if gap := time.Duration(ticks[2]-ticks[1]) * time.Microsecond; gap != fastIv {
 		t.Errorf("ticks %v apart after the slow replica went silent, want %v", gap, fastIv)
 	}
-	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "new" || w.Interval != fastIv {
+	if w, ok, err := fast.Control().widest(ctx); err != nil || !ok || w.Replica != "new" || w.Interval != fastIv {
 		t.Errorf("widest %+v, %v, %v after the old replica went silent; want the new one's %v", w, ok, err, fastIv)
 	}
 }
@@ -311,7 +311,7 @@ func TestEditRaisesAtOnce(t *testing.T) {
 	if gap := time.Duration(late[0]-ticks[2]) * time.Microsecond; gap != slowIv {
 		t.Errorf("a late call under the old policy came %v after the last tick, want the wider %v", gap, slowIv)
 	}
-	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "r1" || w.Interval != fastIv {
+	if w, ok, err := fast.Control().widest(ctx); err != nil || !ok || w.Replica != "r1" || w.Interval != fastIv {
 		t.Errorf("widest %+v, %v, %v after a late call under the old policy; want the new one's %v", w, ok, err, fastIv)
 	}
 }
@@ -330,7 +330,7 @@ func TestEditLowersEveryReplicaAtOnce(t *testing.T) {
 	fastIv, _ := fast.Policy().Tick()
 	slowIv, _ := slow.Policy().Tick()
 	grantTicks(t, fast, clk, 2) // the replica not yet edited (100/s) holds the widest tick
-	if w, ok, err := fast.Control().Widest(ctx); err != nil || !ok || w.Replica != "new" {
+	if w, ok, err := fast.Control().widest(ctx); err != nil || !ok || w.Replica != "new" {
 		t.Fatalf("widest %+v, %v, %v; want the 100/s replica's", w, ok, err)
 	}
 	// The other replica is edited to 25/s (a new handle) and respaced.

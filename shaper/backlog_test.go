@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -41,21 +42,31 @@ func TestBackloggedKeepsItsPlace(t *testing.T) {
 	}
 	p := Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}}
 	const maxWait = time.Second
+	// acquire asks for a call of b under req and returns the wait of the
+	// deferral Acquire returned (a *Wait), if any.
+	acquire := func(b *Bucket, req Request) (*Permit, time.Duration, error) {
+		permit, err := b.Acquire(ctx, req)
+		var w *Wait
+		if errors.As(err, &w) {
+			return permit, w.For, nil
+		}
+		return permit, 0, err
+	}
 
 	t.Run("sent back without Backlogged", func(t *testing.T) {
 		b, _ := setup(t, p)
-		permit, wait, err := b.Ask(ctx, Request{MaxWait: maxWait})
+		permit, wait, err := acquire(b, Request{MaxWait: maxWait})
 		if err != nil || permit != nil || wait <= maxWait {
-			t.Fatalf("Ask = %v, %v, %v; want no permit and a wait beyond %v", permit, wait, err, maxWait)
+			t.Fatalf("Acquire = %v, %v, %v; want no permit and a wait beyond %v", permit, wait, err, maxWait)
 		}
 	})
 	t.Run("keeps its place with Backlogged", func(t *testing.T) {
 		b, clk := setup(t, p)
 		var told []time.Duration
 		asked := clk.now()
-		permit, wait, err := b.Ask(ctx, Request{MaxWait: maxWait, Backlogged: func(d time.Duration) { told = append(told, d) }})
+		permit, wait, err := acquire(b, Request{MaxWait: maxWait, Backlogged: func(d time.Duration) { told = append(told, d) }})
 		if err != nil || permit == nil || wait != 0 {
-			t.Fatalf("Ask = %v, %v, %v; want a permit", permit, wait, err)
+			t.Fatalf("Acquire = %v, %v, %v; want a permit", permit, wait, err)
 		}
 		if len(told) != 1 || told[0] <= maxWait {
 			t.Errorf("Backlogged told %v; want once, a wait beyond %v", told, maxWait)
@@ -72,9 +83,9 @@ func TestBackloggedKeepsItsPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 		called := false
-		permit, wait, err := b.Ask(ctx, Request{MaxWait: maxWait, Backlogged: func(time.Duration) { called = true }})
+		permit, wait, err := acquire(b, Request{MaxWait: maxWait, Backlogged: func(time.Duration) { called = true }})
 		if err != nil || permit != nil || wait < 25*time.Second || called {
-			t.Fatalf("Ask = %v, %v, %v (Backlogged told: %v); want no permit, the pause's wait, Backlogged not told", permit, wait, err, called)
+			t.Fatalf("Acquire = %v, %v, %v (Backlogged told: %v); want no permit, the pause's wait, Backlogged not told", permit, wait, err, called)
 		}
 	})
 	t.Run("a spent quota is returned", func(t *testing.T) {
@@ -82,9 +93,9 @@ func TestBackloggedKeepsItsPlace(t *testing.T) {
 		b, clk := bucket(t, q)
 		grantTicks(t, b, clk, 5)
 		called := false
-		permit, wait, err := b.Ask(ctx, Request{MaxWait: maxWait, Backlogged: func(time.Duration) { called = true }})
+		permit, wait, err := acquire(b, Request{MaxWait: maxWait, Backlogged: func(time.Duration) { called = true }})
 		if err != nil || permit != nil || wait < 50*time.Minute || called {
-			t.Fatalf("Ask = %v, %v, %v (Backlogged told: %v); want no permit, the quota's wait, Backlogged not told", permit, wait, err, called)
+			t.Fatalf("Acquire = %v, %v, %v (Backlogged told: %v); want no permit, the quota's wait, Backlogged not told", permit, wait, err, called)
 		}
 	})
 }

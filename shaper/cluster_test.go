@@ -27,11 +27,11 @@ func TestOwnRedisCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 10 {
-		if _, _, err := b.Ask(ctx, Request{Cost: 2, Lane: Lane(i % 2)}); err != nil {
+		if _, err := b.Acquire(ctx, Request{Cost: 2, Lane: Lane(i % 2)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if use, err := b.Limits(ctx); err != nil || use[1].Used != 20 || use[1].Left != 0 {
+	if use, err := b.limitUse(ctx); err != nil || use[1].Used != 20 || use[1].Left != 0 {
 		t.Fatalf("the quota after 10 calls of 2 units: %+v, %v", use, err)
 	}
 	if _, err := b.Control().CountUsed(ctx, 1, 20); err != nil {
@@ -50,16 +50,16 @@ func TestOwnRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 3 {
-			if _, _, err := ab.Ask(ctx, Request{Cost: 1 + i}); err != nil {
+			if _, err := ab.Acquire(ctx, Request{Cost: 1 + i}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if _, _, err := ab.Plan(ctx, 3); err != nil {
+		if _, _, err := ab.plan(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
 	}
 	ab, _ := grp.Bucket("a", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}})
-	if use, err := ab.TotalLimits(ctx); err != nil || use[1].Used != 18 {
+	if use, err := ab.totalLimitUse(ctx); err != nil || use[1].Used != 18 {
 		t.Fatalf("the total's quota after 9 calls of 18 units: %+v, %v", use, err)
 	}
 }

@@ -60,8 +60,8 @@ extend(KEYS[1], now + tonumber(ARGV[5]), now)
 return 0
 `)
 
-// ClearRate restores the configured rate.
-func (c *Control) ClearRate(ctx context.Context) error {
+// clearRate restores the configured rate.
+func (c *Control) clearRate(ctx context.Context) error {
 	b := c.b
 	if err := b.gate.rdb.HDel(ctx, b.keys.control, "rate", "rate_reason", "rate_source", "hi", "lo").Err(); err != nil {
 		return fmt.Errorf("shaper: clear the rate of %q: %w", b.name, err)
@@ -82,7 +82,7 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 		return fmt.Errorf("shaper: announce a rate for %q: %w", c.b.name, err)
 	}
 	if src == "announced" {
-		return c.ClearRate(ctx)
+		return c.clearRate(ctx)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
@@ -88,7 +89,7 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			r := 5 + float64(rng.IntN(10))
 			both(func(b *Bucket) error { return b.Control().overrideRate(ctx, r, "test") })
 		case 2:
-			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
+			both(func(b *Bucket) error { return b.Control().clearRate(ctx) })
 		case 3:
 			clk.advance(time.Duration(rng.IntN(3000)) * time.Millisecond) // idle
 		case 4:
@@ -145,10 +146,10 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 // same tags with the same ticks, and some.
 func sameTags(t *testing.T, script string, lean, full *Bucket) {
 	t.Helper()
-	var tags [2][]Tagged
+	var tags [2][]gatehook.Tag
 	for i, b := range []*Bucket{lean, full} {
 		var err error
-		if tags[i], err = b.Tagged(context.Background(), time.Time{}); err != nil {
+		if tags[i], err = b.tagged(context.Background(), time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}

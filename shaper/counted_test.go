@@ -130,7 +130,7 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			r := 2 + float64(rng.IntN(4))
 			both(func(b *Bucket) error { return b.Control().overrideRate(ctx, r, "test") })
 		case 2:
-			both(func(b *Bucket) error { return b.Control().ClearRate(ctx) })
+			both(func(b *Bucket) error { return b.Control().clearRate(ctx) })
 		case 3:
 			clk.advance(time.Duration(rng.IntN(4000)) * time.Millisecond) // idle
 		case 4:

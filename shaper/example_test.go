@@ -2,6 +2,7 @@ package shaper_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -59,8 +60,9 @@ func Example() {
 
 // The vendor answered 429 with Retry-After: 30. The pause holds for every
 // process on the same Redis. A worker that must not hold a goroutine through
-// it asks with AcquireWithin and comes back later; the gate says when (a
-// tick may be granted up to the horizon, 1s, ahead of it).
+// it asks with a MaxWait and comes back later: Acquire returns no permit and
+// a *shaper.Wait saying when (a tick may be granted up to the horizon, 1s,
+// ahead of it).
 func ExampleControl_Pause() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
@@ -84,11 +86,12 @@ func ExampleControl_Pause() {
 	fmt.Printf("paused for %v: %s\n", st.PausedFor.Round(time.Second), st.PauseReason)
 	fmt.Println("rate-limited answers:", st.RateLimited)
 
-	permit, retry, err := acme.AcquireWithin(ctx, time.Second)
-	if err != nil {
+	permit, err := acme.Acquire(ctx, shaper.Request{MaxWait: time.Second})
+	var wait *shaper.Wait
+	if !errors.As(err, &wait) {
 		log.Fatal(err)
 	}
-	fmt.Printf("permit: %v, ask again in %v\n", permit != nil, retry.Round(time.Second))
+	fmt.Printf("permit: %v, ask again in %v\n", permit != nil, wait.For.Round(time.Second))
 	// Output:
 	// paused for 30s: 429 Retry-After: 30
 	// rate-limited answers: 1

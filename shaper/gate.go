@@ -45,11 +45,7 @@ type Gate struct {
 	inLineSeq   atomic.Int64         // callers put in a line without a tag, to name them (line.go)
 	lineSeen    map[string]time.Time // buckets whose line this process saw lately, and when (line.go; under mu)
 
-	testNow          func() int64                         // tests: Redis time (µs) for the scripts; nil: Redis TIME
-	testWatchedUp    func()                               // tests: called when Watch's subscription is confirmed
-	testScript       func(kind string)                    // tests: called with each reserve script run ("core", "counted" or "full")
-	testNotedPause   func(bucket string, until time.Time) // tests: called, under mu, when a pause is noted for waiting callers
-	testNotedRespace func(bucket string, at time.Time)    // tests: called, under mu, when a respace is heard of and its held ticks dropped
+	gateHooks // tests' hooks, all nil in production (testhooks.go)
 }
 
 // NewGate returns a gate on rdb. The gate never closes rdb; the first
@@ -118,10 +114,6 @@ func (b *Bucket) Name() string { return b.name }
 
 // Policy returns the bucket's policy with defaults applied.
 func (b *Bucket) Policy() Policy { return b.policy }
-
-// Replica returns the gate's replica id (Config.Replica, or the one it
-// made): a job runner may name its worker by it.
-func (g *Gate) Replica() string { return g.replica }
 
 // replicaID names this process: host, pid and a random part (two gates in
 // one process are two replicas).

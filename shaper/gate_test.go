@@ -579,8 +579,8 @@ func TestReserveDeferredIsNotAnError(t *testing.T) {
 	if _, err := g.Bucket("a{b}", Policy{Limits: []Limit{{Rate: 1, Window: time.Second}}}); err == nil {
 		t.Error("a bucket name with a hash tag brace was accepted")
 	}
-	if _, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1, Window: time.Second}}, Burst: 2}); !errors.Is(err, ErrBurstOver) {
-		t.Errorf("burst over rate: err = %v, want ErrBurstOver", err)
+	if _, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1, Window: time.Second}}, Burst: 2}); !errors.Is(err, errBurstOver) {
+		t.Errorf("burst over rate: err = %v, want errBurstOver", err)
 	}
 }
 

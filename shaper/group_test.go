@@ -215,8 +215,8 @@ func TestGrantsRaiseALearnedRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := b.Policy().WithRate(75)
-	if got, _ := b.Policy().WithRate(70); st.EffectiveRate <= EffectiveRate(got, 1, time.Second) ||
+	want, _ := b.Policy().withRate(75)
+	if got, _ := b.Policy().withRate(70); st.EffectiveRate <= EffectiveRate(got, 1, time.Second) ||
 		!near(st.EffectiveRate, EffectiveRate(want, 1, time.Second)) {
 		t.Errorf("after a quiet period and a grant: effective rate %.2f, want the 75 step (%.2f)", st.EffectiveRate, EffectiveRate(want, 1, time.Second))
 	}
@@ -234,18 +234,18 @@ func TestPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, pace, err := b.Plan(ctx, 50)
+	first, pace, err := b.plan(ctx, 50)
 	if err != nil || first != 0 || pace != 100*time.Millisecond {
 		t.Fatalf("first plan: %s every %s, %v; want now, every 100ms", first, pace, err)
 	}
-	first, _, err = b.Plan(ctx, 10)
+	first, _, err = b.plan(ctx, 10)
 	if err != nil || first != 5*time.Second {
 		t.Fatalf("second plan starts %s from now, %v; want after the 50 planned before (5s)", first, err)
 	}
 	if err := b.Control().overrideRate(ctx, 5, "test"); err != nil {
 		t.Fatal(err)
 	}
-	_, pace, _ = b.Plan(ctx, 1)
+	_, pace, _ = b.plan(ctx, 1)
 	if pace != 200*time.Millisecond {
 		t.Errorf("pace at a lowered rate of 5/s: %s, want 200ms", pace)
 	}
@@ -265,11 +265,11 @@ func TestBacklogs(t *testing.T) {
 	p := Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, NoGuard: true}
 	for name, n := range map[string]int{"big": 100, "mid": 20, "small": 2} {
 		b, _ := grp.Bucket(name, p)
-		if _, _, err := b.Plan(ctx, n); err != nil {
+		if _, _, err := b.plan(ctx, n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	top, count, err := grp.Backlogs(ctx, 2)
+	top, count, err := grp.backlogs(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 	}
 	before, _ := old.Stats(ctx) // the group's stats: the first use counted a reset
 	fresh, _ := grp.Bucket("fresh", p)
-	if _, _, err := fresh.Plan(ctx, 20); err != nil {
+	if _, _, err := fresh.plan(ctx, 20); err != nil {
 		t.Fatal(err)
 	}
 	res, err := fresh.reserve(ctx, Request{})
@@ -313,7 +313,7 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 	}
 
 	lost, _ := grp.Bucket("lost", p)
-	if _, _, err := lost.Plan(ctx, 20); err != nil {
+	if _, _, err := lost.plan(ctx, 20); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.rdb.Del(ctx, lost.keys.epoch).Err(); err != nil { // Redis lost the group

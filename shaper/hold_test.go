@@ -124,7 +124,7 @@ func TestHeldTicksTrade(t *testing.T) {
 		at  time.Duration // after start
 	}
 	ask := func(b *Bucket, who string, lane Lane, out chan<- result) {
-		p, _, err := b.Ask(ctx, Request{Lane: lane})
+		p, err := b.Acquire(ctx, Request{Lane: lane})
 		if err != nil {
 			t.Error(err)
 			out <- result{who: who}

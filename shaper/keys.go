@@ -79,7 +79,7 @@ type bucketKeys struct {
 	totalCounts string
 	// tags is a sorted set of the tags of the calls granted a tick
 	// (Request.Tag), scored by the tick (µs); entries leave it tagKeep
-	// after their tick (see Bucket.Tagged).
+	// after their tick (see Bucket.tagged).
 	tags string
 	// check is a short-lived string a server check writes (see
 	// checkScript): a replica refuses the write.

@@ -13,14 +13,14 @@ import (
 )
 
 // Lesson is what a refusal taught a bucket (see Adapt and
-// Control.Refused).
+// Control.Refused). The zero Lesson ("none") is that the belief stands.
 type Lesson int
 
 const (
-	// LessonNone: the belief stands (a refusal within a window of a rate
+	// lessonNone: the belief stands (a refusal within a window of a rate
 	// lesson, a call already on its way, or one tolerated after a margin
 	// lesson).
-	LessonNone Lesson = iota
+	lessonNone Lesson = iota
 	// LessonRate: too many calls in a window; the effective rate was
 	// lowered to what the vendor accepted.
 	LessonRate
@@ -56,7 +56,7 @@ type Answer struct {
 	// Jitter is how far the network may bunch calls up, when the caller
 	// knows more than the bucket measured: the bucket judges with the
 	// larger of it and the spread of the round trips it was told of
-	// (Bucket.ObserveRoundTrip).
+	// (vendorclients tells it of each).
 	Jitter time.Duration
 }
 
@@ -308,7 +308,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 			"guard_reason", out.Reason, "lesson", "margin", "lesson_tick", at)
 		args.Respace = 1
 	}
-	if (l.spacing || l.kind == LessonNone && out.InForce == LessonMargin) && !ans.RetryAfter {
+	if (l.spacing || l.kind == lessonNone && out.InForce == LessonMargin) && !ans.RetryAfter {
 		args.Pause = 0 // refused for spacing, not for the rate: a pause would only cost calls
 	}
 	if args.Fields == "" && args.Pause == 0 {
@@ -357,7 +357,7 @@ func parseLesson(v any) Lesson {
 	case "margin":
 		return LessonMargin
 	}
-	return LessonNone
+	return lessonNone
 }
 
 func parseFloat(v any, def float64) float64 {

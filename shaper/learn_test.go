@@ -65,7 +65,7 @@ func TestJudge(t *testing.T) {
 			e := base(100, atFull, refusedAtFull)
 			e.inForce, e.lessonTick = LessonMargin, 100
 			return e
-		}, LessonNone, 0, 0},
+		}, lessonNone, 0, 0},
 		{"within Recheck windows of a margin lesson, at the full rate: judged on lo", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.inForce, e.lessonTick = LessonMargin, refusedAtFull-2*w
@@ -78,7 +78,7 @@ func TestJudge(t *testing.T) {
 			e.limited = []int64{refusedAtFull, refusedAtFull - 2*w}
 			e.pausedUntil = refusedAtFull - w/2
 			return e
-		}, LessonNone, 0, 0},
+		}, lessonNone, 0, 0},
 		{"spacing learned, a second refusal since the lesson in a window that holds its pause: judged on lo", func() evidence {
 			e := base(100, atFull, refusedAtFull)
 			e.inForce, e.lessonTick, e.guard = LessonMargin, refusedAtFull-2*w, 100*time.Millisecond
@@ -108,7 +108,7 @@ func TestJudge(t *testing.T) {
 			e := base(100, atFull, refusedAtFull)
 			e.guard = 100 * time.Millisecond
 			return e
-		}, LessonNone, 0, 0},
+		}, lessonNone, 0, 0},
 		{"refusals go on within a window of a margin lesson: the rate, the margin undone", func() evidence {
 			e := base(100, atFull[:295], refusedAtFull)
 			e.inForce, e.lessonTick, e.sinceMargin, e.guard = LessonMargin, 295*10_200-1, true, 30*time.Millisecond
@@ -120,7 +120,7 @@ func TestJudge(t *testing.T) {
 			e.inForce, e.lessonTick, e.sinceMargin = LessonMargin, refusedAtFull-500_000, true
 			e.limited = []int64{refusedAtFull - 400_000, refusedAtFull - 300_000, refusedAtFull - 200_000, refusedAtFull - 100_000, refusedAtFull}
 			return e
-		}, LessonNone, 0, 0},
+		}, lessonNone, 0, 0},
 		{"a vendor that enforces spacing: the margin at its cap at once, even at a cold start's count", func() evidence {
 			e := base(100, evenTicks(0, 10_200, 20), 20*10_200)
 			e.strict = true
@@ -135,7 +135,7 @@ func TestJudge(t *testing.T) {
 			e := base(100, atFull, refusedAtFull)
 			e.widened, e.covered = true, true
 			return e
-		}, LessonNone, 0, 0},
+		}, lessonNone, 0, 0},
 		{"a token bucket below the rate after a margin lesson: five refusals with seven calls accepted among them, the rate", func() evidence {
 			// 40/s from 0 (25 ms apart), a margin learned 200 ms before; a
 			// refusal every 45 ms since.
@@ -176,7 +176,7 @@ func TestJudge(t *testing.T) {
 			if tc.guard > 0 && l.guard != tc.guard {
 				t.Errorf("guard %s, want %s (%s)", l.guard, tc.guard, l.because)
 			}
-			if tc.want != LessonNone && !strings.Contains(l.because, "rate lowered") && !strings.Contains(l.because, "guard widened") {
+			if tc.want != lessonNone && !strings.Contains(l.because, "rate lowered") && !strings.Contains(l.because, "guard widened") {
 				t.Errorf("reason %q says neither what changed nor why", l.because)
 			}
 		})

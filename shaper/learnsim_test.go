@@ -276,7 +276,7 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 		if sc.jitter > 0 {
 			delay = rng.Int64N(sc.jitter.Microseconds() + 1)
 		}
-		b.ObserveRoundTrip(time.Duration(delay) * time.Microsecond)
+		b.observeRoundTrip(time.Duration(delay) * time.Microsecond)
 		heap.Push(pending, arrival{arrive: tick + late + delay, p: &Permit{bucket: b, lease: r.lease, at: r.tick}})
 	}
 	deliverUntil(first + sc.run.Microseconds())

@@ -42,15 +42,15 @@ end
 return out
 `)
 
-// Limits reads what each limit of the bucket has used, in the order of
+// limitUse reads what each limit of the bucket has used, in the order of
 // its policy's Limits, in one round trip.
-func (b *Bucket) Limits(ctx context.Context) ([]LimitUse, error) {
+func (b *Bucket) limitUse(ctx context.Context) ([]LimitUse, error) {
 	return readLimits(ctx, b.gate, b.name, b.keys.counts, b.policy, b.limits)
 }
 
-// TotalLimits reads what each limit of the bucket's group total has used
+// totalLimitUse reads what each limit of the bucket's group total has used
 // (nil without a total).
-func (b *Bucket) TotalLimits(ctx context.Context) ([]LimitUse, error) {
+func (b *Bucket) totalLimitUse(ctx context.Context) ([]LimitUse, error) {
 	if b.total == nil {
 		return nil, nil
 	}
@@ -129,35 +129,4 @@ func (c *Control) CountUsed(ctx context.Context, i, used int) (int, error) {
 		return 0, fmt.Errorf("shaper: count used units of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return n, nil
-}
-
-// LimitFor returns the index of the limit of p that a vendor's
-// announcement describes, and false when none does: the limit of the
-// announced window; without one, the only limit of the announced rate;
-// without either, the only quota whose window can hold the announced
-// reset (0: none announced).
-func (p Policy) LimitFor(window time.Duration, rate int, reset time.Duration) (int, bool) {
-	found := -1
-	for i, l := range p.Limits {
-		var match bool
-		switch {
-		case window > 0:
-			match = l.Window == window
-		case rate > 0:
-			match = l.Rate == rate
-		case reset > p.Limits[0].Window:
-			match = p.Quota(i) && reset <= l.Window
-		}
-		if !match {
-			continue
-		}
-		if window > 0 {
-			return i, true
-		}
-		if found >= 0 {
-			return 0, false
-		}
-		found = i
-	}
-	return found, found >= 0
 }

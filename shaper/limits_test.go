@@ -266,7 +266,7 @@ func TestQuotaPaceThenWait(t *testing.T) {
 	if n := maxUnits(all, time.Minute); n > 300 {
 		t.Errorf("%d calls in a minute, limit 300", n)
 	}
-	use, err := b.Limits(context.Background())
+	use, err := b.limitUse(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,10 +340,10 @@ func TestCostsKeepEveryLimit(t *testing.T) {
 	if share < 0.95 {
 		t.Errorf("%.1f%% of the units the vendor allows, want at least 95%%", 100*share)
 	}
-	if _, _, err := b.Ask(context.Background(), Request{Cost: 101}); err == nil {
+	if _, err := b.Acquire(context.Background(), Request{Cost: 101}); err == nil {
 		t.Error("a cost above the rate was accepted")
 	}
-	if _, _, err := b.Ask(context.Background(), Request{Cost: -1}); err == nil {
+	if _, err := b.Acquire(context.Background(), Request{Cost: -1}); err == nil {
 		t.Error("a negative cost was accepted")
 	}
 }
@@ -463,7 +463,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if r.ok || r.wait < 59*time.Minute {
 		t.Fatalf("after a loss: %+v, want a wait of about the quota's hour", r)
 	}
-	use, err := b.Limits(ctx)
+	use, err := b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if _, err := b.Control().CountUsed(ctx, 1, 30); err != nil {
 		t.Fatal(err)
 	}
-	use, err = b.Limits(ctx)
+	use, err = b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,7 +486,7 @@ func TestQuotaLostCountsSpent(t *testing.T) {
 	if _, err := b.Control().CountUsed(ctx, 1, 3); err != nil {
 		t.Fatal(err)
 	}
-	use, err = b.Limits(ctx)
+	use, err = b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +593,7 @@ func TestTotalQuotaAcrossAccounts(t *testing.T) {
 	if granted != 100 {
 		t.Errorf("%d calls granted to two accounts under a total quota of 100 an hour", granted)
 	}
-	use, err := buckets[0].TotalLimits(ctx)
+	use, err := buckets[0].totalLimitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +659,7 @@ func TestGivenUpTickLeavesTheQuota(t *testing.T) {
 	if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 3); err != nil {
 		t.Fatal(err)
 	}
-	use, err := b.Limits(ctx)
+	use, err := b.limitUse(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ const (
 //
 // A call that did not come back when due leaves the line for lineGone
 // (call -> when, µs), kept for lineGoneKeep: its worker may have died,
-// and a live one gives it back to its queue from there (Bucket.Lined).
+// and a live one gives it back to its queue from there (Bucket.lined).
 //
 // KEYS[1] line (call -> order), KEYS[2] lineDue (call -> due, µs),
 // KEYS[3] lineGone.
@@ -288,13 +288,13 @@ func (b *Bucket) leaveLine(ctx context.Context, member string) error {
 	return nil
 }
 
-// Lined returns the members (Request.Tag, where set) of the calls
+// lined returns the members (Request.Tag, where set) of the calls
 // waiting in the bucket's line: calls not granted a tick, which a job
 // runner may give back when the worker that holds them died.
 //
 // It counts those that left the line lately for not coming back when due
 // (their callers may have died).
-func (b *Bucket) Lined(ctx context.Context) ([]string, error) {
+func (b *Bucket) lined(ctx context.Context) ([]string, error) {
 	var in, gone *redis.StringSliceCmd
 	_, err := b.gate.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		in = p.ZRange(ctx, b.keys.line, 0, -1)
@@ -307,8 +307,8 @@ func (b *Bucket) Lined(ctx context.Context) ([]string, error) {
 	return append(in.Val(), gone.Val()...), nil
 }
 
-// Unline takes members out of the bucket's line.
-func (b *Bucket) Unline(ctx context.Context, members ...string) error {
+// unline takes members out of the bucket's line (gatehook.Unline).
+func (b *Bucket) unline(ctx context.Context, members ...string) error {
 	if len(members) == 0 {
 		return nil
 	}

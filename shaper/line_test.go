@@ -287,7 +287,7 @@ func simulateBacklogAt(t *testing.T, rate, replicas, n int, lateP float64, seed 
 		go func() {
 			defer wg.Done()
 			defer live.Add(-1)
-			p, _, err := b.Ask(ctx, Request{Order: int64(i+1) * simOrder, Tag: fmt.Sprintf("w%d|q|%d", i/per, i), Backlogged: func(time.Duration) {}})
+			p, err := b.Acquire(ctx, Request{Order: int64(i+1) * simOrder, Tag: fmt.Sprintf("w%d|q|%d", i/per, i), Backlogged: func(time.Duration) {}})
 			if err != nil {
 				if ctx.Err() == nil {
 					t.Errorf("call %d: %v", i, err)

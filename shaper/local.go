@@ -145,11 +145,11 @@ func (g *Gate) currentOf(l *local, b *Bucket) *Bucket {
 	return b
 }
 
-// ActiveIn returns the buckets of group that have callers waiting in this
+// activeIn returns the buckets of group that have callers waiting in this
 // process (their names in the group): after a change of their policy
 // these are the ones with ticks reserved at the old spacing here. The
 // list is as long as the work in flight, not as the group's buckets.
-func (g *Gate) ActiveIn(group string) []string {
+func (g *Gate) activeIn(group string) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []string

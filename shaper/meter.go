@@ -237,12 +237,12 @@ func (b *Bucket) spacing() (iv time.Duration, burst int, guard, tol time.Duratio
 	return iv, burst, g, t
 }
 
-// ObserveRoundTrip tells the bucket how long one call to the vendor took,
+// observeRoundTrip tells the bucket how long one call to the vendor took,
 // from its start to its answer: the spread of round trips is the network
 // jitter a refusal is judged with (Control.Refused), and a bucket whose
 // guard follows measurement (Policy.MeasureGuard) widens or narrows its
 // margin by it. vendorclients calls it for every answer.
-func (b *Bucket) ObserveRoundTrip(d time.Duration) {
+func (b *Bucket) observeRoundTrip(d time.Duration) {
 	if d >= 0 {
 		b.meter.roundTrip(b.policy.Adapt.withDefaults(), b.gate.clock.Now(), d)
 	}

@@ -104,7 +104,7 @@ func TestGroupSharesMeasurements(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.observeLate(time.Millisecond)
-		b.ObserveRoundTrip(5 * time.Millisecond)
+		b.observeRoundTrip(5 * time.Millisecond)
 	}
 	fresh, err := grp.Bucket("store-new", p)
 	if err != nil {
@@ -160,7 +160,7 @@ func TestMeasuredJumpRespaces(t *testing.T) {
 	ticks := grantTicks(t, b, clk, 90) // most of a second of ticks, granted at the default guard
 	for i := range a.MeasureSamples {
 		b.observeLate(time.Millisecond)
-		b.ObserveRoundTrip(5*time.Millisecond + time.Duration(i%2)*40*time.Millisecond)
+		b.observeRoundTrip(5*time.Millisecond + time.Duration(i%2)*40*time.Millisecond)
 	}
 	if _, _, guard, _ := b.spacing(); guard != 45*time.Millisecond {
 		t.Fatalf("guard %s, want 45ms (3 ms tolerance + 40 ms spread + 2 ms)", guard)
@@ -187,7 +187,7 @@ func TestMeasuredJumpRespaces(t *testing.T) {
 		t.Error("a new handle of the group asked for a respace at the guard already in force")
 	}
 	for i := range 4 * a.MeasureSamples { // 40 -> 44 ms of spread: a small widening
-		b.ObserveRoundTrip(5*time.Millisecond + time.Duration(i%2)*44*time.Millisecond)
+		b.observeRoundTrip(5*time.Millisecond + time.Duration(i%2)*44*time.Millisecond)
 	}
 	if _, _, guard, _ := b.spacing(); guard != 49*time.Millisecond {
 		t.Fatalf("guard %s, want 49ms", guard)

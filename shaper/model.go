@@ -130,19 +130,10 @@ type Adapt struct {
 	MeasureSamples int
 }
 
-// Defaults of Adapt.
-const (
-	DefaultAdaptDecrease = 0.7
-	DefaultAdaptIncrease = 0.05
-	DefaultAdaptQuiet    = 10 * time.Second
-	DefaultAdaptProbe    = time.Minute
-	DefaultAdaptFloor    = 0.02
-)
-
 // defaultAdapt holds every default of Adapt.
 var defaultAdapt = Adapt{
-	Decrease: DefaultAdaptDecrease, Increase: DefaultAdaptIncrease, Quiet: DefaultAdaptQuiet, Probe: DefaultAdaptProbe,
-	Floor: DefaultAdaptFloor, Ceiling: 0.97, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
+	Decrease: 0.7, Increase: 0.05, Quiet: 10 * time.Second, Probe: time.Minute,
+	Floor: 0.02, Ceiling: 0.97, MaxCut: 0.5, MinCut: 0.9, Slack: 1.5, MarginGrowth: 1.5, MarginOver: 2 * time.Millisecond,
 	MaxMargin: 0.1, EdgeGrowth: 1.25, Tolerance: 3 * time.Millisecond, Tolerated: 0.05, Escalate: 5, Recheck: 3, Resolution: 2,
 	Keep: 10 * time.Minute, MinTolerance: 3 * time.Millisecond,
 	MeasurePeriod: 10 * time.Second, MeasureSamples: 32,
@@ -237,7 +228,7 @@ type evidence struct {
 
 // lesson is the update a refusal makes to the belief.
 type lesson struct {
-	kind    Lesson // LessonNone: the belief stands
+	kind    Lesson // lessonNone: the belief stands
 	rate    float64
 	guard   time.Duration
 	lo, hi  int    // the window limits consistent with what the vendor did
@@ -253,7 +244,7 @@ func (a Adapt) judge(e evidence) lesson {
 	if e.tick == 0 {
 		return a.rateLesson(e, e.rate*a.Decrease, -1, -1, "the refused call is unknown")
 	}
-	if e.widened && e.inForce == LessonNone {
+	if e.widened && e.inForce == lessonNone {
 		// Spaced by a narrower measured guard than the one in force:
 		// the wider one is the lesson, learned already.
 		return lesson{lo: -1, hi: -1, spacing: true}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/internal/redisonce"
 )
 
@@ -53,12 +54,12 @@ extend(KEYS[5], untilv, now)
 return {first - now, pace}
 `)
 
-// Plan says when n calls of the bucket, queued now behind those planned
+// plan says when n calls of the bucket, queued now behind those planned
 // before, can expect their ticks: the first after first, then one every
 // pace (the bucket's effective rate, or its fair share of its group's
 // total). A queue uses it to hold a backlog in its schedule; the calls
 // still Acquire their ticks, which is what keeps the limits.
-func (b *Bucket) Plan(ctx context.Context, n int) (first, pace time.Duration, err error) {
+func (b *Bucket) plan(ctx context.Context, n int) (first, pace time.Duration, err error) {
 	if n < 1 {
 		return 0, 0, nil
 	}
@@ -80,17 +81,10 @@ func (b *Bucket) Plan(ctx context.Context, n int) (first, pace time.Duration, er
 	return time.Duration(res[0]) * time.Microsecond, time.Duration(res[1]) * time.Microsecond, nil
 }
 
-// Backlog is a bucket of a group with calls planned ahead: the last of
-// them is due in Ahead (at the bucket's pace, about its backlog).
-type Backlog struct {
-	Bucket string
-	Ahead  time.Duration
-}
-
-// Backlogs returns the group's n buckets whose planned calls reach
+// backlogs returns the group's n buckets whose planned calls reach
 // furthest ahead, longest first, and how many of its buckets have calls
 // planned ahead: the accounts with a backlog, read in one round trip.
-func (grp *Group) Backlogs(ctx context.Context, n int) ([]Backlog, int64, error) {
+func (grp *Group) backlogs(ctx context.Context, n int) ([]gatehook.Backlog, int64, error) {
 	keys := keysOf(grp.gate.prefix, grp.name, "")
 	res, err := backlogsScript.Run(ctx, grp.gate.rdb, []string{keys.plans}, grp.gate.redisNow(), n).Slice()
 	if err != nil {
@@ -100,11 +94,11 @@ func (grp *Group) Backlogs(ctx context.Context, n int) ([]Backlog, int64, error)
 		return nil, 0, fmt.Errorf("shaper: backlogs of %q: unexpected reply %v", grp.name, res)
 	}
 	count, _ := res[0].(int64)
-	var out []Backlog
+	var out []gatehook.Backlog
 	for i := 1; i+1 < len(res); i += 2 {
 		name, _ := res[i].(string)
 		ahead, _ := res[i+1].(int64)
-		out = append(out, Backlog{Bucket: name, Ahead: time.Duration(ahead) * time.Microsecond})
+		out = append(out, gatehook.Backlog{Bucket: name, Ahead: time.Duration(ahead) * time.Microsecond})
 	}
 	return out, count, nil
 }

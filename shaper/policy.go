@@ -16,7 +16,7 @@ const (
 	DefaultBurst    = 1
 	DefaultGuard    = 20 * time.Millisecond
 	DefaultHorizon  = time.Second
-	DefaultLeaseTTL = time.Minute
+	defaultLeaseTTL = time.Minute
 	minTolerance    = time.Millisecond
 )
 
@@ -54,9 +54,9 @@ func (p Policy) spaced() []Limit {
 	return out
 }
 
-// MaxCost is the largest cost a call of p can have: the smallest rate
+// maxCost is the largest cost a call of p can have: the smallest rate
 // of its limits (a call above it could never start).
-func (p Policy) MaxCost() int {
+func (p Policy) maxCost() int {
 	m := 0
 	for i, l := range p.Limits {
 		if i == 0 || l.Rate < m {
@@ -177,39 +177,39 @@ type Policy struct {
 	WarmupFrom float64
 }
 
-// Errors returned by Policy.Validate, matched with errors.Is.
+// Errors Policy.Validate wraps, with what to fix.
 var (
-	ErrNoLimits    = errors.New("shaper: a policy needs at least one limit")
-	ErrBadLimit    = errors.New("shaper: invalid limit")
-	ErrBurstOver   = errors.New("shaper: burst exceeds a limit's rate")
-	ErrBadDuration = errors.New("shaper: invalid duration")
+	errNoLimits    = errors.New("shaper: a policy needs at least one limit")
+	errBadLimit    = errors.New("shaper: invalid limit")
+	errBurstOver   = errors.New("shaper: burst exceeds a limit's rate")
+	errBadDuration = errors.New("shaper: invalid duration")
 )
 
 // Validate reports the first reason the policy cannot be enforced.
 func (p Policy) Validate() error {
 	if p.Burst < 0 || p.Guard < 0 || p.Tolerance < 0 || p.Horizon < 0 || p.LeaseTTL < 0 || p.MaxInFlight < 0 || p.Warmup < 0 || p.WarmupFrom < 0 {
-		return fmt.Errorf("%w: burst, guard, tolerance, horizon, lease TTL, max in flight, warmup and warmup_from must not be negative", ErrBadDuration)
+		return fmt.Errorf("%w: burst, guard, tolerance, horizon, lease TTL, max in flight, warmup and warmup_from must not be negative", errBadDuration)
 	}
 	if len(p.Limits) == 0 {
-		return ErrNoLimits
+		return errNoLimits
 	}
 	if r := p.Limits[0].Rate; p.WarmupFrom > float64(r) {
-		return fmt.Errorf("%w: warmup_from %v is above the rate %d: a warm-up ramps up to the rate", ErrBadLimit, p.WarmupFrom, r)
+		return fmt.Errorf("%w: warmup_from %v is above the rate %d: a warm-up ramps up to the rate", errBadLimit, p.WarmupFrom, r)
 	}
 	p = p.withDefaults()
 	for i, l := range p.Limits {
 		if l.Rate < 1 {
-			return fmt.Errorf("%w: limit %d rate %d: a rate must be at least 1", ErrBadLimit, i, l.Rate)
+			return fmt.Errorf("%w: limit %d rate %d: a rate must be at least 1", errBadLimit, i, l.Rate)
 		}
 		if l.Window <= 0 {
-			return fmt.Errorf("%w: limit %d window %s: a window must be positive", ErrBadLimit, i, l.Window)
+			return fmt.Errorf("%w: limit %d window %s: a window must be positive", errBadLimit, i, l.Window)
 		}
 		if p.Burst > l.Rate {
 			return fmt.Errorf("%w: burst %d > rate %d per %s: releasing %d calls at once would overrun the vendor's fixed window; use burst <= %d",
-				ErrBurstOver, p.Burst, l.Rate, l.Window, p.Burst, l.Rate)
+				errBurstOver, p.Burst, l.Rate, l.Window, p.Burst, l.Rate)
 		}
 		if p.Guard >= l.Window {
-			return fmt.Errorf("%w: guard %s must be shorter than the window %s", ErrBadDuration, p.Guard, l.Window)
+			return fmt.Errorf("%w: guard %s must be shorter than the window %s", errBadDuration, p.Guard, l.Window)
 		}
 	}
 	return nil
@@ -240,7 +240,7 @@ func (p Policy) withDefaults() Policy {
 		p.Horizon = DefaultHorizon
 	}
 	if p.LeaseTTL == 0 {
-		p.LeaseTTL = DefaultLeaseTTL
+		p.LeaseTTL = defaultLeaseTTL
 	}
 	if p.Warmup > 0 && p.WarmupFrom == 0 && len(p.Limits) > 0 {
 		p.WarmupFrom = float64(p.Limits[0].Rate) / 4
@@ -263,14 +263,14 @@ func (p Policy) Tick() (interval time.Duration, burst int) {
 	return tickFor(p.spaced(), p.Burst, p.Guard, 0)
 }
 
-// WithRate returns the schedule of p with its primary limit lowered to rate
+// withRate returns the schedule of p with its primary limit lowered to rate
 // calls per primary window (never raised above the configured rate).
 //
 // A lowered rate only ever widens the configured tick: the reserve script
 // spaces by the configured tick of every live replica (it is what their
 // heartbeats carry) and by the lowered primary limit, so the result is the
 // wider of the two. TestLuaTickMatchesGo keeps this and the script equal.
-func (p Policy) WithRate(rate float64) (interval time.Duration, burst int) {
+func (p Policy) withRate(rate float64) (interval time.Duration, burst int) {
 	p = p.withDefaults()
 	configured, _ := tickFor(p.spaced(), p.Burst, p.Guard, 0)
 	interval, burst = tickFor(p.spaced(), p.Burst, p.Guard, rate)

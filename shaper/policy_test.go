@@ -14,7 +14,7 @@ func TestPolicyTick(t *testing.T) {
 	tests := []struct {
 		name      string
 		p         Policy
-		rate      float64 // WithRate when > 0
+		rate      float64 // withRate when > 0
 		wantIv    time.Duration
 		wantBurst int
 	}{
@@ -35,7 +35,7 @@ func TestPolicyTick(t *testing.T) {
 			var iv time.Duration
 			var burst int
 			if tt.rate > 0 {
-				iv, burst = tt.p.WithRate(tt.rate)
+				iv, burst = tt.p.withRate(tt.rate)
 			} else {
 				iv, burst = tt.p.Tick()
 			}
@@ -88,13 +88,13 @@ func TestPolicyValidate(t *testing.T) {
 		want error
 	}{
 		{"ok", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Guard: 5 * ms, Burst: 100}, nil},
-		{"no limits", Policy{}, ErrNoLimits},
-		{"zero rate", Policy{Limits: []Limit{{Rate: 0, Window: time.Second}}, Guard: 5 * ms}, ErrBadLimit},
-		{"zero window", Policy{Limits: []Limit{{Rate: 10, Window: 0}}, Guard: 5 * ms}, ErrBadLimit},
-		{"burst over rate", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Burst: 11}, ErrBurstOver},
-		{"burst over an extra limit", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 5, Window: 100 * time.Millisecond}}, Guard: 5 * ms, Burst: 6}, ErrBurstOver},
-		{"guard as long as the window", Policy{Limits: []Limit{{Rate: 10, Window: 5 * time.Millisecond}}, Guard: 5 * time.Millisecond}, ErrBadDuration},
-		{"negative", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Tolerance: -1}, ErrBadDuration},
+		{"no limits", Policy{}, errNoLimits},
+		{"zero rate", Policy{Limits: []Limit{{Rate: 0, Window: time.Second}}, Guard: 5 * ms}, errBadLimit},
+		{"zero window", Policy{Limits: []Limit{{Rate: 10, Window: 0}}, Guard: 5 * ms}, errBadLimit},
+		{"burst over rate", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Burst: 11}, errBurstOver},
+		{"burst over an extra limit", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}, {Rate: 5, Window: 100 * time.Millisecond}}, Guard: 5 * ms, Burst: 6}, errBurstOver},
+		{"guard as long as the window", Policy{Limits: []Limit{{Rate: 10, Window: 5 * time.Millisecond}}, Guard: 5 * time.Millisecond}, errBadDuration},
+		{"negative", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Guard: 5 * ms, Tolerance: -1}, errBadDuration},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

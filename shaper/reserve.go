@@ -875,7 +875,7 @@ if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end -- the call's tag (see Bucket.Tagged)
+if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end -- the call's tag (see Bucket.tagged)
 keep_line(math.max(tick, tonumber(st.defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, p.keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
@@ -969,7 +969,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		core = core && b.batchable(req)
 	}
 	if core {
-		b.testRun("core")
+		b.gate.testRun("core")
 		args := b.coreArgs(reqs, server)
 		res, err := b.gate.run(ctx, coreFunction, b.keys.core(), args.argv()...).Slice()
 		if err != nil {
@@ -991,7 +991,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		args.Server = server
 		mine := b.mine(args.Interval, args.Burst)
 		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
-			b.testRun("counted")
+			b.gate.testRun("counted")
 			ca := args.counted(mine)
 			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
 			if err != nil {
@@ -1008,7 +1008,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			b.fullUntil.Store(now.Add(fullFor).UnixNano())
 			lean = false
 		}
-		b.testRun("full")
+		b.gate.testRun("full")
 		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(mine).argv()...).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
@@ -1036,13 +1036,6 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 // in this process (see Bucket.gen).
 func (b *Bucket) mine(iv int64, burst int) string {
 	return fmt.Sprintf("%d|%d|%s|%d", iv, burst, b.gate.replica, b.gen.Load())
-}
-
-// testRun tells a test which reserve script runs (see Gate.testScript).
-func (b *Bucket) testRun(kind string) {
-	if b.gate.testScript != nil {
-		b.gate.testScript(kind)
-	}
 }
 
 // parseReply reads a grant's reply for n calls (its shape is at

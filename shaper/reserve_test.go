@@ -59,7 +59,7 @@ func loweredRates(rng *rand.Rand, p Policy) []float64 {
 
 // TestLuaTickMatchesGo checks the reserve script's tick against tickFor:
 // for random policies and effective rates, the interval and burst the script
-// grants must be exactly Policy.WithRate (Policy.Tick with no rate set),
+// grants must be exactly Policy.withRate (Policy.Tick with no rate set),
 // to the microsecond. The schedule is read off the grants: with the Redis
 // time standing still, consecutive grants share a tick until the burst is
 // used, and the next tick is one interval later.
@@ -98,7 +98,7 @@ func TestLuaTickMatchesGo(t *testing.T) {
 				if err := b.Control().overrideRate(ctx, rate, "test"); err != nil {
 					t.Fatal(err)
 				}
-				wantIv, wantBurst = p.WithRate(rate)
+				wantIv, wantBurst = p.withRate(rate)
 			}
 			// Every bucket is new: the time can start over, which keeps it far
 			// from 2^53 µs (exact in Lua) whatever the intervals.

@@ -39,7 +39,7 @@ func TestLostReplyChangesStateOnce(t *testing.T) {
 	}
 	used := func() int {
 		t.Helper()
-		use, err := b.Limits(ctx)
+		use, err := b.limitUse(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

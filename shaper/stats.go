@@ -91,9 +91,9 @@ type Stats struct {
 	RateLimited           int64
 	GrantedLastMinute     int64
 	RateLimitedLastMinute int64
-	// Limits is what each limit of the policy has used (see
-	// Bucket.Limits), read when the policy has a quota; a spent quota
-	// holds NextTick back.
+	// Limits is what each limit of the policy has used, in the order of
+	// its Limits, read when the policy has a quota; a spent quota holds
+	// NextTick back.
 	Limits []LimitUse
 }
 
@@ -211,7 +211,7 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 	}
 	rate := float64(b.policy.Limits[0].Rate)
 	if r, err := strconv.ParseFloat(v["rate"], 64); err == nil && r > 0 {
-		iv, burst = b.policy.WithRate(r)
+		iv, burst = b.policy.withRate(r)
 		st.RateSource = v["rate_source"]
 		st.Source, rate = st.RateSource, r
 	}
@@ -240,7 +240,7 @@ func (b *Bucket) Stats(ctx context.Context) (Stats, error) {
 		st.NextTick = max(time.Duration(l+iv.Microseconds()-now)*time.Microsecond, 0)
 	}
 	if b.hasQuota() {
-		use, err := b.Limits(ctx)
+		use, err := b.limitUse(ctx)
 		if err != nil {
 			return Stats{}, err
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaper-dev/shaper/internal/gatehook"
 )
 
 // tagKeep is how long a tag stays in a bucket's record after its tick:
@@ -17,32 +19,26 @@ import (
 // the backlog.
 const tagKeep = 30 * time.Second
 
-// Tagged is a tag of a granted call (Request.Tag) and the call's tick.
-type Tagged struct {
-	Tag  string
-	Tick time.Time // Redis time
-}
-
-// Tagged returns the tags of the calls granted a tick after after (Redis
+// tagged returns the tags of the calls granted a tick after after (Redis
 // time), oldest tick first, whichever replica granted them. A tag leaves
 // the record 30 s after its tick, or at Untag; a tag granted again keeps
-// its latest tick.
-func (b *Bucket) Tagged(ctx context.Context, after time.Time) ([]Tagged, error) {
+// its latest tick (gatehook.Tagged).
+func (b *Bucket) tagged(ctx context.Context, after time.Time) ([]gatehook.Tag, error) {
 	zs, err := b.gate.rdb.ZRangeByScoreWithScores(ctx, b.keys.tags, &redis.ZRangeBy{
 		Min: "(" + strconv.FormatInt(after.UnixMicro(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("shaper: tags of %q: %w", b.name, unavailable(ctx, err))
 	}
-	out := make([]Tagged, 0, len(zs))
+	out := make([]gatehook.Tag, 0, len(zs))
 	for _, z := range zs {
 		tag, _ := z.Member.(string)
-		out = append(out, Tagged{Tag: tag, Tick: time.UnixMicro(int64(z.Score))})
+		out = append(out, gatehook.Tag{Tag: tag, Tick: time.UnixMicro(int64(z.Score))})
 	}
 	return out, nil
 }
 
-// Untag takes tags out of the bucket's record.
-func (b *Bucket) Untag(ctx context.Context, tags ...string) error {
+// untag takes tags out of the bucket's record (gatehook.Untag).
+func (b *Bucket) untag(ctx context.Context, tags ...string) error {
 	if len(tags) == 0 {
 		return nil
 	}

@@ -47,7 +47,7 @@ func TestTagRecord(t *testing.T) {
 	}
 	tagged := func(after int64) string {
 		t.Helper()
-		got, err := ba.Tagged(ctx, time.UnixMicro(after))
+		got, err := ba.tagged(ctx, time.UnixMicro(after))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func TestTagRecord(t *testing.T) {
 	if got, want := tagged(ticks["w|vendor:tags|t3"]), fmt.Sprint([]string{at(4), at(5)}); got != want {
 		t.Errorf("Tagged(after tick 3) = %s, want %s", got, want)
 	}
-	if err := bb.Untag(ctx, "w|vendor:tags|t4", "w|vendor:tags|t1"); err != nil {
+	if err := bb.untag(ctx, "w|vendor:tags|t4", "w|vendor:tags|t1"); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := tagged(0), fmt.Sprint([]string{at(0), at(2), at(3), at(5)}); got != want {

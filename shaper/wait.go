@@ -1,6 +1,9 @@
 package shaper
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // What held a call at its gate (Wait.Binding): the same words as a
 // queued call's explanation.
@@ -16,6 +19,9 @@ const (
 // Wait is one wait of a call at its bucket's gate, as Request.Waited
 // hears of it: each time the gate defers the call (it asks again after
 // For) and, at the end, the wait until its granted tick.
+//
+// A deferral beyond Request.MaxWait is also Acquire's error, a *Wait:
+// the call got no permit and may ask again after For.
 type Wait struct {
 	For time.Duration
 	// Binding says what held the call, one of the Bound* words. The
@@ -23,6 +29,11 @@ type Wait struct {
 	// whether a short pause (under the horizon) put it there.
 	Binding string
 	Granted bool // the wait until a granted tick; else a deferral
+}
+
+// Error says how long the call was deferred and what held it.
+func (w *Wait) Error() string {
+	return fmt.Sprintf("shaper: the call's turn is %v away (%s), beyond its MaxWait: ask again then", w.For, w.Binding)
 }
 
 // binding is the Bound* word of a deferral's reason.

@@ -23,7 +23,7 @@ func TestWaited(t *testing.T) {
 		// its horizon (about a second), longer on a busy machine.
 		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
-		p, _, err := b.Ask(ctx, Request{MaxWait: maxWait, Waited: func(w Wait) { ws = append(ws, w) }})
+		p, err := b.Acquire(ctx, Request{MaxWait: maxWait, Waited: func(w Wait) { ws = append(ws, w) }})
 		return ws, p, err
 	}
 	first := func(name string, ws []Wait, binding string, granted bool) {
@@ -59,8 +59,9 @@ func TestWaited(t *testing.T) {
 			t.Fatal(err)
 		}
 		ws, p, err = ask(b, time.Second)
-		if err != nil || p != nil {
-			t.Fatalf("ask in a pause: permit %v, %v; want none", p, err)
+		var deferred *Wait
+		if !errors.As(err, &deferred) || p != nil || deferred.Binding != BoundPause || deferred.For <= time.Second {
+			t.Fatalf("ask in a pause: permit %v, %v; want none, and the pause's wait as a *Wait", p, err)
 		}
 		first("a pause", ws, BoundPause, false)
 	}
@@ -75,8 +76,9 @@ func TestWaited(t *testing.T) {
 		}
 	}
 	ws, p, err := ask(quota, time.Second)
-	if err != nil || p != nil {
-		t.Fatalf("ask past the quota: permit %v, %v; want none", p, err)
+	var deferred *Wait
+	if !errors.As(err, &deferred) || p != nil || deferred.Binding != BoundQuota {
+		t.Fatalf("ask past the quota: permit %v, %v; want none, and the quota's wait as a *Wait", p, err)
 	}
 	first("a spent quota", ws, BoundQuota, false)
 

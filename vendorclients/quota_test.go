@@ -55,16 +55,12 @@ func TestQuotaCountedFromTheVendorsHeaders(t *testing.T) {
 				resp.Body.Close()
 			}
 			call()
-			use, err := bucket.Limits(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if use[1].Used != 900 {
-				t.Errorf("the quota counts %d used after the vendor said 100 of 1000 remain, want 900", use[1].Used)
-			}
 			st, err := bucket.Stats(context.Background())
 			if err != nil {
 				t.Fatal(err)
+			}
+			if use := st.Limits; use[1].Used != 900 {
+				t.Errorf("the quota counts %d used after the vendor said 100 of 1000 remain, want 900", use[1].Used)
 			}
 			if st.RateSource != "" {
 				t.Errorf("the quota's announcement set the rate (%s: %s)", st.RateSource, st.RateReason)
@@ -72,8 +68,11 @@ func TestQuotaCountedFromTheVendorsHeaders(t *testing.T) {
 			remaining = 500
 			time.Sleep(1100 * time.Millisecond) // past the once-a-second read
 			call()
-			if use, err = bucket.Limits(context.Background()); err != nil || use[1].Used != 901 {
-				t.Errorf("after a second call and an announcement of more remaining: %d used (%v), want 901 (900 the vendor counted, and this call)", use[1].Used, err)
+			if st, err = bucket.Stats(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if st.Limits[1].Used != 901 {
+				t.Errorf("after a second call and an announcement of more remaining: %d used, want 901 (900 the vendor counted, and this call)", st.Limits[1].Used)
 			}
 		})
 	}
@@ -81,4 +80,30 @@ func TestQuotaCountedFromTheVendorsHeaders(t *testing.T) {
 
 func itoa(n int) string {
 	return string(rune('0'+n/100%10)) + string(rune('0'+n/10%10)) + string(rune('0'+n%10))
+}
+
+// TestAnnouncedLimit: which limit of a policy an announcement describes:
+// the one of its window; else the only one of its rate; else the only
+// quota whose window holds its reset.
+func TestAnnouncedLimit(t *testing.T) {
+	p := shaper.Policy{Limits: []shaper.Limit{{Rate: 10, Window: time.Second}, {Rate: 1000, Window: time.Hour}, {Rate: 10, Window: time.Minute, Spread: true}}}
+	for _, c := range []struct {
+		name string
+		h    Hints
+		want int
+		ok   bool
+	}{
+		{"the per-second window", Hints{Limit: 10, Window: time.Second, Reset: -1}, 0, true},
+		{"the hour's window", Hints{Limit: 900, Window: time.Hour, Reset: -1}, 1, true},
+		{"a window of none", Hints{Limit: 5, Window: 2 * time.Second, Reset: -1}, -1, false},
+		{"the only limit of the rate", Hints{Limit: 1000, Reset: -1}, 1, true},
+		{"two limits of the rate", Hints{Limit: 10, Reset: -1}, 0, false},
+		{"a reset only the hour's quota holds", Hints{Reset: 30 * time.Minute}, 1, true},
+		{"a reset within the primary window", Hints{Reset: 500 * time.Millisecond}, -1, false},
+		{"nothing announced", Hints{Reset: -1}, -1, false},
+	} {
+		if got, ok := announcedLimit(p, c.h); got != c.want || ok != c.ok {
+			t.Errorf("%s: limit %d, %v; want %d, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
 }

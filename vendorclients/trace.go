@@ -18,6 +18,7 @@ package vendorclients
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -132,18 +133,19 @@ func (tw *tickWait) binding() string {
 }
 
 // end ends the span with the gate's answer: a permit, a wait beyond
-// MaxWait (no permit), or an error.
-func (tw *tickWait) end(permit *shaper.Permit, wait time.Duration, err error) {
+// MaxWait (no permit; a *shaper.Wait), or an error.
+func (tw *tickWait) end(permit *shaper.Permit, err error) {
 	if tw == nil {
 		return
 	}
 	tw.span.SetAttributes(attrBinding.String(tw.binding()), attrAsks.Int(tw.asks))
+	var wait *shaper.Wait
 	switch {
+	case errors.As(err, &wait):
+		tw.span.SetAttributes(attrSentBack.Float64(wait.For.Seconds()))
 	case err != nil:
 		tw.span.RecordError(err)
 		tw.span.SetStatus(codes.Error, err.Error())
-	case permit == nil:
-		tw.span.SetAttributes(attrSentBack.Float64(wait.Seconds()))
 	}
 	tw.span.End()
 }

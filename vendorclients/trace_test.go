@@ -53,7 +53,7 @@ func TestTickWaitBinding(t *testing.T) {
 				deferrals++
 			}
 		}
-		tw.end(nil, 0, nil)
+		tw.end(nil, nil)
 		ended := rec.Ended()
 		span := ended[len(ended)-1]
 		if len(span.Events()) != deferrals || span.Parent().SpanID() != parent.SpanContext().SpanID() {

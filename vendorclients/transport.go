@@ -2,6 +2,7 @@ package vendorclients
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -120,15 +122,15 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	ask := requestFrom(ctx)
 	ask.MaxWait = t.maxWait
 	tw := t.startTickWait(ctx, &ask)
-	permit, wait, err := bucket.Ask(ctx, ask)
-	tw.end(permit, wait, err)
+	permit, err := bucket.Acquire(ctx, ask)
+	tw.end(permit, err)
 	if err != nil {
 		closeBody(req)
+		var wait *shaper.Wait // deferred beyond MaxWait
+		if errors.As(err, &wait) {
+			return nil, 0, &WaitError{Vendor: t.vendor.Name, Wait: wait.For}
+		}
 		return nil, 0, err
-	}
-	if permit == nil {
-		closeBody(req)
-		return nil, 0, &WaitError{Vendor: t.vendor.Name, Wait: wait}
 	}
 	if t.observer != nil {
 		t.observer.Started(t.vendor.Name, time.Since(asked))
@@ -156,7 +158,7 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	if err == nil {
 		// The bucket measures the spread of round trips: the jitter a
 		// refusal is judged with, and a measured guard.
-		bucket.ObserveRoundTrip(time.Since(sent))
+		gatehook.ObserveRoundTrip(bucket, time.Since(sent))
 	}
 	if err != nil {
 		call.end(returned, nil, 0, err)
@@ -171,6 +173,37 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	pause := t.adapt(context.WithoutCancel(ctx), bucket, permit, resp)
 	call.end(returned, resp, pause, nil)
 	return resp, pause, nil
+}
+
+// announcedLimit returns the index of the limit of p that the vendor's
+// announcement h describes, and false when none does: the limit of the
+// announced window; without one, the only limit of the announced rate;
+// without either, the only quota whose window can hold the announced
+// reset (0: none announced).
+func announcedLimit(p shaper.Policy, h Hints) (int, bool) {
+	found := -1
+	for i, l := range p.Limits {
+		var match bool
+		switch {
+		case h.Window > 0:
+			match = l.Window == h.Window
+		case h.Limit > 0:
+			match = l.Rate == h.Limit
+		case h.Reset > p.Limits[0].Window:
+			match = p.Quota(i) && h.Reset <= l.Window
+		}
+		if !match {
+			continue
+		}
+		if h.Window > 0 {
+			return i, true
+		}
+		if found >= 0 {
+			return 0, false
+		}
+		found = i
+	}
+	return found, found >= 0
 }
 
 func closeBody(req *http.Request) {
@@ -193,7 +226,7 @@ func (t *transport) adapt(ctx context.Context, bucket *shaper.Bucket, permit *sh
 		t.log.Warn("vendorclients: ignoring an unparsable or negative Retry-After", "vendor", vendor, "retry_after", v)
 	}
 	primary := bucket.Policy().Limits[0]
-	quota, isQuota := bucket.Policy().LimitFor(h.Window, h.Limit, h.Reset)
+	quota, isQuota := announcedLimit(bucket.Policy(), h)
 	isQuota = isQuota && bucket.Policy().Quota(quota)
 	if isQuota && h.Remaining >= 0 && t.counted.due(bucket.Name(), quota, h.Remaining == 0) {
 		// The vendor's count of a quota: counted if above the gate's own

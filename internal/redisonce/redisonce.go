@@ -17,6 +17,10 @@
 // Redis blip, as the callers already treat errors.
 //
 // Scripts that only read keep redis.Script.Run and its retries.
+//
+// Unavailable tells such an error (Redis could not be reached or could
+// not answer for now: ask again later) from one that asking again would
+// not mend.
 package redisonce
 
 import (

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/internal/durations"
+	"github.com/shaper-dev/shaper/internal/gatehook"
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 )
@@ -220,7 +221,7 @@ func VendorReport(ctx context.Context, v config.Vendor, gate *shaper.Gate, c *qu
 	// While replicas disagree (a rolling edit), the gate spaces by the
 	// widest tick one of them asked under lately: show it beside this
 	// config's.
-	if w, ok, err := b.Control().Widest(ctx); err == nil && ok {
+	if w, ok, err := gatehook.Widest(ctx, b); err == nil && ok {
 		mine, wide := Round2(st.ConfiguredRate), Round2(shaper.EffectiveRate(w.Interval, w.Burst, v.Window))
 		if mine != wide {
 			vs.ReplicaRates = []float64{min(mine, wide), max(mine, wide)}
@@ -263,7 +264,7 @@ func accounts(ctx context.Context, gate *shaper.Gate, v config.Vendor, vs *Vendo
 			vs.Total.Limits = append(vs.Total.Limits, l.String())
 		}
 	}
-	top, n, err := grp.Backlogs(ctx, topN)
+	top, n, err := gatehook.Backlogs(ctx, grp, topN)
 	if err != nil {
 		return err
 	}
