@@ -218,15 +218,15 @@ func (b *Bucket) acquire(ctx context.Context, req Request) (*Permit, error) {
 		var sent, recv time.Time
 		var err error
 		ask := req
-		if lined && (req.Horizon == 0 || req.Horizon > lineHorizon) {
+		if h := max(lineHorizon, lineTicks*b.interval); lined && (req.Horizon == 0 || req.Horizon > h) {
 			// A caller that knows its place holds its tick for no longer
-			// than lineHorizon, from the line or before one formed: one
-			// that wakes late and asks again (or the holder that gives it
-			// its tick) goes behind at most lineHorizon's worth of calls,
-			// and the first callers of a backlog, who ask in whatever
-			// order their workers took them, pass each other by at most
-			// as many before the line forms.
-			ask.Horizon = lineHorizon
+			// than lineHorizon (or lineTicks of the bucket's ticks), from
+			// the line or before one formed: one that wakes late and asks
+			// again (or the holder that gives it its tick) goes behind at
+			// most that many calls, and the first callers of a backlog,
+			// who ask in whatever order their workers took them, pass
+			// each other by at most as many before the line forms.
+			ask.Horizon = h
 		}
 		if b.batchable(ask) {
 			if err := ctx.Err(); err != nil {
