@@ -80,7 +80,7 @@ func TestManyBucketsComeAndGo(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// For keep + horizon after the group's epoch is made, a new bucket
+	// For a window, a guard and a horizon after the group's epoch is made, a new bucket
 	// counts as lost too (Redis may have lost everything): then it is new.
 	time.Sleep(300 * time.Millisecond)
 	for i := range 5000 {

@@ -481,17 +481,17 @@ local function server(k_epoch, known, keep, now)
 end
 
 -- lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon,
--- keep, now): where the next tick of a lost state comes (nil: not lost),
+-- span, now): where the next tick of a lost state comes (nil: not lost),
 -- and whether the loss is certain (a known server switched, or the state
 -- is missing while the group says it should be there). st is the gate
 -- hash. A group found without its epoch is new, or Redis lost everything
--- and cannot say so: every state of the group missing within keep +
--- horizon of it counts as lost, the loss uncertain (the quotas keep what
--- they hold), so that no account is granted beside the ticks a lost state
+-- and cannot say so: every state of the group missing within horizon +
+-- span (its longest spaced window) counts as lost, uncertain (quotas
+-- keep what they hold): no account is granted beside ticks a lost state
 -- handed out (TestOwnRedisRestartLosesEveryAccount). The expiry set
 -- holds until when, as UNSURE, a name no bucket can have.
 local UNSURE = '{epoch}'
-local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, keep, now)
+local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, span, now)
   -- A state another version of shaper wrote on this server (the run_id
   -- is this server's, the layout's tag another): its line may not read
   -- here, so its ticks reach at most now + horizon, as a stale copy's;
@@ -504,7 +504,7 @@ local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horiz
   -- lost nothing, unless the group lost its epoch with it.
   if last == nil and (st.plan == false or not epoch or switched) then
     local exp = tonumber(redis.call('ZSCORE', k_expiry, member))
-    if not epoch then redis.call('ZADD', k_expiry, now + keep + horizon, UNSURE) end
+    if not epoch then redis.call('ZADD', k_expiry, now + span + horizon, UNSURE) end
     if not epoch or switched or (exp and exp > now) then
       return now + horizon, switched or (epoch and exp ~= nil and exp > now)
     end
@@ -769,7 +769,7 @@ end
 -- ticks up to there), its log rebuilt to match, every spaced counter
 -- spent up to l, and each quota spent for its window when the loss is
 -- certain: what the old state granted is unknown.
-local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, p.keep, now)
+local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, spaced_span(p.limits), now)
 if lost then
   last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, p.log_len, p.span)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm or m, gc, kept, wiv, wb, wfresh), 'run', run_of(runid), 'log', logs)

@@ -135,7 +135,7 @@ func TestOwnRedisStaleCopy(t *testing.T) {
 // written. On the server that took over, for a window after the switch, a
 // missing state counts as lost (its first tick waits out the horizon the
 // old server could have reserved up to); on a server that did not switch,
-// a bucket new to a group in use for keep + horizon is granted at once.
+// a bucket new to a group in use for a window and a horizon is granted at once.
 func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -190,7 +190,7 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	after, afterResets := first(bucket(b, "shop", "store-2"))
 	// A group B has served all along: its first bucket starts the epoch
 	// (a first use counts as a loss, and so does every bucket new to the
-	// group for keep + horizon after it: Redis may have lost everything
+	// group for a window and a horizon after it: Redis may have lost everything
 	// without a switch the gate saw), a later one is new, not lost.
 	first(bucket(b, "mall", "store-1"))
 	soon, _ := first(bucket(b, "mall", "store-2"))
