@@ -24,7 +24,7 @@ import (
 var luaCeilings = map[string]int{
 	"coreFunction":    356,
 	"countedFunction": 752,  // counter_adopt: counters named by their window (G1 across edits)
-	"reserveFunction": 1085, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss)
+	"reserveFunction": 1087, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss)
 	"giveUpScript":    258,  // counter_adopt: counters named by their window (G1 across edits)
 	"countUsedScript": 203,  // counter_adopt: counters named by their window (G1 across edits)
 	"limitsScript":    188,  // counter_adopt: counters named by their window (G1 across edits)

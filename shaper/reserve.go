@@ -488,8 +488,9 @@ end
 -- and cannot say so: every state of the group missing within horizon +
 -- span (its longest spaced window) counts as lost, uncertain (quotas
 -- keep what they hold): no account is granted beside ticks a lost state
--- handed out (TestOwnRedisRestartLosesEveryAccount). The expiry set
--- holds until when, as UNSURE, a name no bucket can have.
+-- handed out (TestOwnRedisRestartLosesEveryAccount), and all start a
+-- horizon after the epoch, as the first. The expiry set holds until
+-- when (that + span), as UNSURE, a name no bucket can have.
 local UNSURE = '{epoch}'
 local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, span, now)
   -- A state another version of shaper wrote on this server (the run_id
@@ -508,7 +509,8 @@ local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horiz
     if not epoch or switched or (exp and exp > now) then
       return now + horizon, switched or (epoch and exp ~= nil and exp > now)
     end
-    if (tonumber(redis.call('ZSCORE', k_expiry, UNSURE)) or 0) > now then return now + horizon, false end
+    local unsure = tonumber(redis.call('ZSCORE', k_expiry, UNSURE))
+    if unsure and unsure > now then return math.max(unsure - span, now), false end
   elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
     -- A stale copy: ticks it lacks reach at most now + horizon.
     return math.max(last, now + horizon), true

@@ -189,17 +189,28 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	// the group missing on B still counts as lost.
 	after, afterResets := first(bucket(b, "shop", "store-2"))
 	// A group B has served all along: its first bucket starts the epoch
-	// (a first use counts as a loss, and so does every bucket new to the
-	// group for a window and a horizon after it: Redis may have lost everything
-	// without a switch the gate saw), a later one is new, not lost.
-	first(bucket(b, "mall", "store-1"))
-	soon, _ := first(bucket(b, "mall", "store-2"))
-	time.Sleep(2500 * time.Millisecond) // keep (a window and a guard) and a horizon
+	// (a first use counts as a loss), and every bucket new to the group
+	// for a window and a horizon after it is lost too (Redis may have lost
+	// everything without a switch the gate saw): its first tick comes
+	// with the first bucket's, a horizon after the epoch was made. A
+	// later one is new, not lost.
+	made := time.Now()
+	mall1 := bucket(b, "mall", "store-1")
+	went := make(chan struct{})
+	go func() { defer close(went); mall1.Acquire(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	first(bucket(b, "mall", "store-2"))
+	soon := time.Since(made)
+	<-went
+	time.Sleep(2500 * time.Millisecond) // a window, a guard and a horizon
 	fresh, _ := first(bucket(b, "mall", "store-3"))
-	t.Logf("first grant on B: a bucket missing at the switch %s (%d resets), another just after it %s (%d resets); a new bucket of a group B served all along, just after its first %s, %s later %s",
+	t.Logf("first grant on B: a bucket missing at the switch %s (%d resets), another just after it %s (%d resets); a new bucket of a group B served all along, asked 300 ms after its first: granted %s after the epoch was made; %s later %s",
 		switched, resets, after, afterResets, soon, 2500*time.Millisecond, fresh)
 	if soon < DefaultHorizon*8/10 {
-		t.Errorf("a bucket new to a group whose epoch was just made: first grant after %s; want it lost (about %s)", soon, DefaultHorizon)
+		t.Errorf("a bucket new to a group whose epoch was just made: granted %s after the epoch; want it lost (a horizon, %s)", soon, DefaultHorizon)
+	}
+	if soon > DefaultHorizon+500*time.Millisecond {
+		t.Errorf("a bucket new to a group whose epoch was just made: granted %s after the epoch; want a horizon after it (%s), with the first bucket", soon, DefaultHorizon)
 	}
 	if resets < 1 || switched < DefaultHorizon*8/10 {
 		t.Errorf("a state missing at the switch: first grant after %s, %d resets; want it lost (a reset, about %s)", switched, resets, DefaultHorizon)
