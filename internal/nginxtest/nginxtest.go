@@ -136,6 +136,7 @@ func start(bin, dir string, o Options) (*Harness, error) {
 	// nginx tries the compiled-in /var/log/nginx/error.log).
 	cmd := exec.Command(bin, "-p", dir+"/", "-c", conf, "-e", filepath.Join(dir, "error.log"))
 	cmd.Stdout, cmd.Stderr = stderr, stderr
+	cmd.SysProcAttr = dieWithParent() // a test binary killed mid-run leaves no nginx behind
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("nginxtest: start %s: %w", bin, err)
 	}
