@@ -442,8 +442,8 @@ end
 -- missing too, this is a first start or Redis lost everything: a gate
 -- that passed another server's run_id granted on that one, and the loss
 -- is a switch as above (every missing state of the group counts as lost
--- for keep, not only the first one asked); else it cannot be told from
--- a first start, and only the first state asked counts as lost. Returns
+-- for keep, the loss certain); else it cannot be told from a first start,
+-- and the loss is uncertain (see lost_at and UNSURE). Returns
 -- the run_id as the gate should know it (noServer where INFO is refused),
 -- then runid, epoch, switched.
 local function server(k_epoch, known, keep, now)
