@@ -106,12 +106,9 @@ func (w *Worker) handleCall(ctx context.Context, rt *vendorRuntime, t *asynq.Tas
 	if err == nil && (call.Next != nil || call.Pull != nil) {
 		err = w.nextPage(ctx, rt, t, id, call, &res)
 	}
-	if res.Status > 0 {
-		w.storeAnswer(ctx, t, rt.vendor.Name, id, res)
-	}
 	err = spendRetry(ctx, t, err)
 	q, _ := asynq.GetQueueName(ctx)
-	w.markEnd(ctx, asynqTaskKey(q, id), call.Export, id, err)
+	w.endRun(ctx, asynqTaskKey(q, id), rt.vendor.Name, call.Export, id, res, err)
 	if err != nil && len(call.Headers) > 0 {
 		// The call's own headers (an Authorization per customer) stay out
 		// of the error asynq stores and logs, like the vendor's.
@@ -254,23 +251,22 @@ func redact(b []byte, secrets []string) []byte {
 	return b
 }
 
-// storeAnswer stores a call's answer as its task's result: once per run,
-// the last attempt's (an attempt answered with a 429 has none). When
-// Redis goes away as it does, it waits for it and tries again.
-func (w *Worker) storeAnswer(ctx context.Context, t *asynq.Task, vendor, id string, res CallResult) {
-	// A JSON body is kept as the vendor wrote it, but for the white space
-	// between its tokens: no HTML escaping.
+// answerBytes is a call's answer as its task's result: JSON, a JSON
+// body kept as the vendor wrote it but for the white space between its
+// tokens (no HTML escaping). Nil when the run has no answer (an attempt
+// answered with a 429 has none).
+func (w *Worker) answerBytes(vendor, id string, res CallResult) []byte {
+	if res.Status == 0 {
+		return nil
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(res); err != nil {
 		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
-		return
+		return nil
 	}
-	stored := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
-	if err := w.throughOutage(ctx, func() error { _, err := t.ResultWriter().Write(stored); return err }); err != nil {
-		w.log.Warn("could not store the call's answer", "vendor", vendor, "task", id, "err", err)
-	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // throughOutage runs write, a write to Redis as a call ends; when Redis

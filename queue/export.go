@@ -362,17 +362,22 @@ func exportStatus(ctx context.Context, rdb redis.UniversalClient, prefix, id str
 	return e, nil
 }
 
-// endScript marks how a call ended, in its task hash (field shaper_end:
-// an export that adopts it later reads it there, see adoptScript), and
-// returns the exports besides its own that count it.
+// endScript records a run's end in its call's task hash: its answer as
+// the task's result (field result, as asynq's ResultWriter writes it)
+// and, when the call ended, how (field shaper_end: an export that adopts
+// it later reads it there, see adoptScript); it returns the exports that
+// count the call.
 //
-// KEYS[1] the call's task hash; ARGV[1] "ok" or "failed". Returns the
-// exports' ids, comma-separated ("" for none); false when the task is
-// gone (nothing is written).
+// KEYS[1] the call's task hash. ARGV[1] "ok" or "failed" when the call
+// ended, "" when it will run again; ARGV[2] the answer, "" for none.
+// Returns the ids of the exports that adopted the call, comma-separated
+// ("" for none); false when the task is gone (nothing is written).
 var endScript = redis.NewScript(`
 local k_task = KEYS[1]
-local a_end = ARGV[1]
+local a_end, a_answer = ARGV[1], ARGV[2]
 if redis.call('EXISTS', k_task) == 0 then return false end
+if a_answer ~= '' then redis.call('HSET', k_task, 'result', a_answer) end
+if a_end == '' then return '' end
 redis.call('HSET', k_task, 'shaper_end', a_end)
 return redis.call('HGET', k_task, 'shaper_exports') or ''
 `)
@@ -395,47 +400,67 @@ func markPipe(ctx context.Context, pipe redis.Pipeliner, prefix, export string, 
 	pipe.Expire(ctx, from, ttl)
 }
 
-// markEnd records the end of a call: done, or failed for good (not
-// retried, or out of retries), in its task hash and in the exports that
-// count it: its own, and those that adopted it. One round trip, and one
-// more when another export adopted it.
-func (w *Worker) markEnd(ctx context.Context, taskKey, export, id string, err error) {
-	if !callEnded(ctx, err) {
+// endRun records the end of a run in one round trip: the answer as
+// the task's result (the last attempt's; nil for none) and, when the
+// call ended (done, or failed for good: not retried, or out of
+// retries), how, in its task hash and in its export's sets. One round
+// trip more when another export adopted the call. When Redis goes away
+// as it does, it waits for it and tries again (see throughOutage).
+func (w *Worker) endRun(ctx context.Context, taskKey, vendor, export, id string, res CallResult, err error) {
+	answer := w.answerBytes(vendor, id, res)
+	how := ""
+	if callEnded(ctx, err) {
+		how = "failed"
+		if err == nil {
+			how = "ok"
+		}
+	}
+	if answer == nil && how == "" {
 		return
 	}
-	// The mark itself outlives the worker's shutdown; the wait for Redis
-	// does not. An export that missed the mark would never finish.
+	// The record outlives the worker's shutdown; the wait for Redis does
+	// not. An export that missed the end would never finish.
 	mark := context.WithoutCancel(ctx)
-	if e := w.throughOutage(ctx, func() error { return w.markEndOnce(mark, taskKey, export, id, err == nil) }); e != nil {
-		w.log.Warn("could not record how a call ended in its exports", "export", export, "task", id, "err", e)
+	if e := w.throughOutage(ctx, func() error { return w.endRunOnce(mark, taskKey, export, id, how, answer) }); e != nil {
+		w.log.Warn("could not record the call's answer and how it ended", "vendor", vendor, "export", export, "task", id, "err", e)
 	}
 }
 
-// markEndOnce is one try of markEnd.
-func (w *Worker) markEndOnce(ctx context.Context, taskKey, export, id string, ok bool) error {
-	how := "failed"
-	if ok {
-		how = "ok"
-	}
+// endRunOnce is one try of endRun. Every write in it can be sent twice
+// (go-redis's retries, EVAL after NOSCRIPT) without harm.
+func (w *Worker) endRunOnce(ctx context.Context, taskKey, export, id, how string, answer []byte) error {
 	ttl := w.cfg.Retention + exportGrace
-	pipe := w.rdb.Pipeline()
-	followers := endScript.Eval(ctx, pipe, []string{taskKey}, how)
-	if export != "" {
-		markPipe(ctx, pipe, w.cfg.KeyPrefix, export, []string{id}, ok, ttl)
+	send := func(eval bool) (*redis.Cmd, error) {
+		pipe := w.rdb.Pipeline()
+		var followers *redis.Cmd
+		if eval {
+			followers = endScript.Eval(ctx, pipe, []string{taskKey}, how, answer)
+		} else {
+			followers = endScript.EvalSha(ctx, pipe, []string{taskKey}, how, answer)
+		}
+		if export != "" && how != "" {
+			markPipe(ctx, pipe, w.cfg.KeyPrefix, export, []string{id}, how == "ok", ttl)
+		}
+		_, e := pipe.Exec(ctx)
+		return followers, e
 	}
-	if _, e := pipe.Exec(ctx); e != nil && !errors.Is(e, redis.Nil) {
+	followers, e := send(false)
+	if redis.HasErrorPrefix(followers.Err(), "NOSCRIPT") {
+		followers, e = send(true) // Redis has no copy of the script yet
+	}
+	if e != nil && !errors.Is(e, redis.Nil) {
 		return e
 	}
 	list, _ := followers.Text()
 	if list == "" {
 		return nil
 	}
-	pipe = w.rdb.Pipeline()
+	pipe := w.rdb.Pipeline()
 	for f := range strings.SplitSeq(list, ",") {
 		if f != export {
-			markPipe(ctx, pipe, w.cfg.KeyPrefix, f, []string{id}, ok, ttl)
+			markPipe(ctx, pipe, w.cfg.KeyPrefix, f, []string{id}, how == "ok", ttl)
 		}
 	}
-	_, e := pipe.Exec(ctx)
+	_, e = pipe.Exec(ctx)
 	return e
 }

@@ -994,3 +994,45 @@ func TestExportResultsMemoryFlat(t *testing.T) {
 		t.Errorf("the read held %d bytes at once, over half the export's %d bytes of answers: it does not stream", held, total)
 	}
 }
+
+// TestOwnRedisEndOfRunOnAFreshServer: the end of a run (the answer and
+// the export's count, in one round trip) is sent by its script's hash;
+// on a Redis that has never seen the script, and after SCRIPT FLUSH
+// (a restart, a failover to a replica), it is sent whole instead: every
+// answer is stored and every call counted.
+func TestOwnRedisEndOfRunOnAFreshServer(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	e := newEnv(t)
+	e.addr = rs.Addr
+	vend := newExportVendor(0)
+	v := e.vendor("fresh", policy(100), 0, vend)
+	c := e.newClient()
+	ctx := context.Background()
+	e.startWorker(nil)
+	for round, flush := range []bool{false, true} {
+		if flush {
+			if err := e.rdb().ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		id := fmt.Sprintf("fresh-%d", round)
+		calls := exportCalls(5, func(i int) string { return fmt.Sprintf("%s-%d-%d", v, round, i) })
+		if _, _, err := c.StartExport(ctx, id, v, calls); err != nil {
+			t.Fatal(err)
+		}
+		ex := waitExport(t, c, id, 30*time.Second)
+		if ex.Done != 5 || ex.Failed != 0 {
+			t.Fatalf("round %d (script flushed: %v): export %+v, want 5 done", round, flush, ex)
+		}
+		lines, _ := results(t, c, id, ResultsQuery{})
+		if len(lines) != 5 {
+			t.Fatalf("round %d: %d lines, want 5", round, len(lines))
+		}
+		for _, l := range lines {
+			if l.Status != http.StatusOK || !strings.Contains(string(l.Answer), "WB-") {
+				t.Errorf("round %d (script flushed: %v): line %+v has no stored answer", round, flush, l)
+			}
+		}
+	}
+}

@@ -439,7 +439,7 @@ func (c *Client) RetryExport(ctx context.Context, id string) (ExportRetry, error
 
 // archiveWait bounds how long RetryExport waits for asynq to archive a
 // call that ended failed: an export counts a call's end a moment before
-// asynq records it (see markEnd).
+// asynq records it (see endRun).
 const archiveWait = 5 * time.Second
 
 // Replies of rerunScript.
