@@ -24,7 +24,7 @@ import (
 var luaCeilings = map[string]int{
 	"coreFunction":    356,
 	"countedFunction": 752,  // counter_adopt: counters named by their window (G1 across edits)
-	"reserveFunction": 1087, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss)
+	"reserveFunction": 1100, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss), newer_layout (an upgrade waits, never overruns)
 	"giveUpScript":    258,  // counter_adopt: counters named by their window (G1 across edits)
 	"countUsedScript": 203,  // counter_adopt: counters named by their window (G1 across edits)
 	"limitsScript":    188,  // counter_adopt: counters named by their window (G1 across edits)
@@ -47,7 +47,7 @@ var luaCeilings = map[string]int{
 // exportCeiling is the most identifiers package shaper may export: its
 // exported types, functions, methods of exported types, constants and
 // variables (struct fields and interface methods not counted).
-const exportCeiling = 59
+const exportCeiling = 60 // BoundUpgrade: what holds a call while a newer shaper owns its state
 
 // luaTexts is every Lua text the gate loads, by the name of its Go
 // variable.

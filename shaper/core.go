@@ -1,6 +1,9 @@
 package shaper
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+)
 
 // Every grant (core, counted, full) replies in one shape:
 //
@@ -37,11 +40,11 @@ const (
 // scripts, and defines handover(why): a lean grant's reply when it cannot
 // decide.
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, ANSWERED, NEED_STATE, NEED_ADAPT, NEED_LEARNED, NEED_COSTLY = %d, %d, %d, %d, %d, %d, %d
-local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE = %d, %d, %d, %d, %d, %d
+local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE, NEWER_LAYOUT = %d, %d, %d, %d, %d, %d, %d
 local NO_SERVER = '%s'
 local function handover(why) return {why, '', 0, 0, 0} end
 `, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly,
-	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, noServer)
+	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, newerLayout, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -122,15 +125,20 @@ end
 local SPENT = 1000000000
 
 -- run_of(runid): the 'run' a gate hash records, the run_id of the server
--- it was written on, tagged with the layout of its line. A version that
--- kept the line otherwise takes a state of this one for a stale copy, as
--- this one takes its: during a rolling upgrade each switch between them
--- costs a horizon, and the two never grant at once.
+-- it was written on, tagged with the state's layout. An older version
+-- takes a state of this one for a stale copy, as this one takes its: a
+-- switch between them costs a horizon, and the two never grant at once;
+-- a newer one's is not this version's to read or write (newer_layout).
 local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
+// layout is the version of the gate state's layout this version reads
+// and writes (docs/design.md, "The state's layout"). A state written in
+// a newer one is left alone: its calls wait (BoundUpgrade).
+const layout = 3
+
 // runTag tags the run a gate hash records (see run_of).
-const runTag = "l3:"
+var runTag = "l" + strconv.Itoa(layout) + ":"
 
 // runOf is run_of for the core script's Server argument: the run a state
 // written on server records, or "" when the server is unknown.

@@ -25,6 +25,7 @@ const (
 	behindHigh                       // a call of the high lane waits for a tick
 	heldByLimit                      // a spent limit (a quota, a costly call's units) puts the earliest start beyond the horizon
 	heldByPause                      // a pause puts the earliest start beyond the horizon
+	newerLayout                      // the state was written in a newer layout than this version knows: nothing is granted until it is upgraded
 )
 
 // reservation is the answer of one round trip to the gate.
@@ -400,7 +401,15 @@ var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCo
 // the state: adaptation, the server, a lost state, warm-up. Each step of
 // the model is a function of its inputs, defined in the library so that
 // a call creates no closure over them.
-const reserveStepsLua = `
+var reserveStepsLua = `
+-- newer_layout(run): whether a hash's run is tagged with a newer layout
+-- than this version's (l<N>:, N above LAYOUT; see run_of): such a state
+-- may count what this version cannot read.
+local LAYOUT = ` + strconv.Itoa(layout) + `
+local function newer_layout(run)
+  local v = string.match(run or '', '^l(%d+):')
+  return v ~= nil and tonumber(v) > LAYOUT
+end
 -- adapted_tick: what adaptation set (a lowered or learned rate, a learned
 -- guard from refusals at the full rate: network jitter, a vendor that
 -- enforces spacing) widens the tick. ctl holds the control hash's
@@ -722,6 +731,16 @@ st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.h
   st.wide, st.wide_at, st.adapted, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'line',
   'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'wide', 'wide_at', 'adapted',
   'asked_at', 'asked_rate'))
+local ts = {} -- the total's hash, read by name
+if tiv > 0 then
+  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept, ts.share, ts.share_at = unpack(redis.call('HMGET',
+    k_total, 'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept', 'share', 'share_at'))
+end
+-- A state a newer shaper wrote may count what this one cannot read:
+-- nothing of it is granted or written here; its calls wait a horizon.
+if newer_layout(st.run) or newer_layout(ts.run) then
+  return {ANSWERED, '', 0, 0, 0, DEFERRED, p.horizon, NEWER_LAYOUT, 0}
+end
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_mine, p.interval, p.burst, p.live, now)
 local wiv, wb, wfresh = wide_entry(st.wide, st.wide_at, wide_at_new, p.interval, p.burst, p.live)
 if wide_at_new then note_wide(k_gate, st.line, wide_new or st.wide, wide_at_new, wiv, wb, wfresh) end
@@ -737,11 +756,6 @@ interval, burst, rate = adapted_tick(k_control, ctl, interval, burst, now, p.rai
 local paused = tonumber(ctl.paused_until) or 0
 local lguard = tonumber(ctl.guard)
 if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
-local ts = {} -- the total's hash, read by name
-if tiv > 0 then
-  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept, ts.share, ts.share_at = unpack(redis.call('HMGET',
-    k_total, 'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept', 'share', 'share_at'))
-end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
   fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = t.own_rate,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -367,4 +368,92 @@ func TestOwnRedisRestartCountsQuotasSpent(t *testing.T) {
 	if n := maxUnits(all, time.Minute); n > 300 {
 		t.Errorf("%d calls in a minute across the restart, the quota allows 300", n)
 	}
+}
+
+// TestNewerLayoutGrantsNothing: a bucket whose state a newer shaper wrote
+// (its run tagged with a layout above this version's) is not this
+// version's to read or write. Each ask is deferred a horizon as
+// BoundUpgrade, Acquire past MaxWait says so, and nothing in Redis
+// changes: not the gate hash, not the quota's counters, not the stats.
+// The newer version's line may be one this version reads (the same
+// form) or one it cannot; a total's hash tagged newer holds its accounts
+// alike. Before the check this version took the state for another
+// layout's and granted after a horizon, writing its own line over it.
+func TestNewerLayoutGrantsNothing(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(g, now.UnixMicro())
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: time.Hour}}, Horizon: 100 * time.Millisecond}
+	newer := fmt.Sprintf("l%d:", layout+1)
+	snapshot := func(keys ...string) map[string]map[string]string {
+		out := map[string]map[string]string{}
+		for _, k := range keys {
+			out[k] = rdb.HGetAll(ctx, k).Val()
+		}
+		return out
+	}
+	holds := func(t *testing.T, b *Bucket, keys ...string) {
+		t.Helper()
+		before := snapshot(keys...)
+		for range 20 {
+			r := reserveOnce(t, b)
+			if r.ok || r.reason != newerLayout || r.wait != b.policy.Horizon {
+				t.Fatalf("a state of layout %s: %+v; want a deferral of one horizon (%v) for the upgrade", newer, r, b.policy.Horizon)
+			}
+			clk.advance(r.wait)
+		}
+		_, err := b.Acquire(ctx, Request{MaxWait: 10 * time.Millisecond})
+		var w *Wait
+		if !errors.As(err, &w) || w.Binding != BoundUpgrade {
+			t.Fatalf("Acquire past MaxWait: %v; want a *Wait bound by %q", err, BoundUpgrade)
+		}
+		if after := snapshot(keys...); !reflect.DeepEqual(before, after) {
+			t.Errorf("the newer state changed:\nbefore %v\nafter  %v", before, after)
+		}
+	}
+
+	for _, line := range []string{"same", "unreadable"} {
+		t.Run("line "+line, func(t *testing.T) {
+			b, err := g.Bucket("acme-"+line, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			grantTicks(t, b, clk, 5)
+			run := rdb.HGet(ctx, b.keys.gate, "run").Val()
+			fields := []any{"run", newer + strings.TrimPrefix(run, runTag)}
+			if line == "unreadable" {
+				fields = append(fields, "line", "v4")
+			}
+			if err := rdb.HSet(ctx, b.keys.gate, fields...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			holds(t, b, b.keys.gate, b.keys.counts, b.keys.stats)
+		})
+	}
+
+	t.Run("total", func(t *testing.T) {
+		total := Policy{Limits: []Limit{{Rate: 50, Window: time.Second}}}
+		grp, err := g.Group("shop", &total)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := grp.Bucket("store-1", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grantTicks(t, b, clk, 5)
+		run := rdb.HGet(ctx, b.keys.total, "run").Val()
+		if run == "" {
+			t.Fatal("the total's hash records no run")
+		}
+		if err := rdb.HSet(ctx, b.keys.total, "run", newer+run).Err(); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, b.keys.gate, b.keys.total, b.keys.counts, b.keys.stats)
+	})
 }

@@ -14,6 +14,7 @@ const (
 	BoundInFlight = "in_flight"   // every MaxInFlight slot is taken
 	BoundHighLane = "high_lane"   // a call of the high lane waits for a tick
 	BoundReset    = "state_reset" // the bucket's state was lost: its horizon is waited out
+	BoundUpgrade  = "upgrade"     // a newer shaper wrote the bucket's state: this one grants nothing until it is upgraded
 )
 
 // Wait is one wait of a call at its bucket's gate, as Request.Waited
@@ -49,6 +50,8 @@ func (r deferReason) binding() string {
 		return BoundQuota
 	case heldByPause:
 		return BoundPause
+	case newerLayout:
+		return BoundUpgrade
 	}
 	return BoundBacklog
 }

@@ -57,7 +57,7 @@ func New(v Endpoint, bucket *shaper.Bucket, opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	t := &transport{base: opts.Base, vendor: v, maxWait: opts.MaxWait, log: opts.Logger, observer: opts.Observer, announced: &announcedRates{}, counted: &countedQuotas{}}
+	t := &transport{base: opts.Base, vendor: v, maxWait: opts.MaxWait, log: opts.Logger, observer: opts.Observer, announced: &announcedRates{}, counted: &countedQuotas{}, upgrade: &upgradeNotice{}}
 	t.bucket.Store(bucket)
 	return &Client{vendor: v, base: base, transport: t}, nil
 }
@@ -84,7 +84,7 @@ func (c *Client) ForAccount(account string, bucket *shaper.Bucket) (*Client, err
 		return nil, fmt.Errorf("vendorclients: vendor %s, account %s: %w", c.vendor.Name, account, err)
 	}
 	t := &transport{base: c.transport.base, vendor: c.vendor, maxWait: c.transport.maxWait, log: c.transport.log,
-		observer: c.transport.observer, announced: c.transport.announced, counted: c.transport.counted}
+		observer: c.transport.observer, announced: c.transport.announced, counted: c.transport.counted, upgrade: c.transport.upgrade}
 	t.bucket.Store(bucket)
 	return &Client{vendor: c.vendor, base: base, transport: t}, nil
 }

@@ -28,7 +28,27 @@ type transport struct {
 
 	announced *announcedRates // shared by a client and its accounts' clients
 	counted   *countedQuotas  // shared by a client and its accounts' clients
+	upgrade   *upgradeNotice  // shared by a client and its accounts' clients
 	bucket    atomic.Pointer[shaper.Bucket]
+}
+
+// upgradeEvery is how often a client says, while it lasts, that a newer
+// shaper wrote its vendor's gate state.
+const upgradeEvery = time.Minute
+
+// upgradeNotice is when a client last said that a newer shaper wrote its
+// vendor's gate state (unix ns).
+type upgradeNotice struct{ said atomic.Int64 }
+
+// tell logs, at most once per upgradeEvery, that bucket's calls wait for
+// this worker to be upgraded.
+func (u *upgradeNotice) tell(log *slog.Logger, vendor, bucket string, now time.Time) {
+	last := u.said.Load()
+	if now.UnixNano()-last < int64(upgradeEvery) || !u.said.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	log.Warn("a newer version of shaper wrote this vendor's gate state in Redis: this worker grants none of its calls until it is upgraded (they wait in the queue, nothing is lost); upgrade it, or stop the newer workers before rolling back (docs/operations.md)",
+		"vendor", vendor, "bucket", bucket)
 }
 
 // maxAnnounced bounds the buckets whose last announced rate a client
@@ -121,6 +141,15 @@ func (t *transport) do(req *http.Request) (*http.Response, time.Duration, error)
 	asked := time.Now()
 	ask := requestFrom(ctx)
 	ask.MaxWait = t.maxWait
+	prev := ask.Waited
+	ask.Waited = func(w shaper.Wait) {
+		if w.Binding == shaper.BoundUpgrade && !w.Granted {
+			t.upgrade.tell(t.log, t.vendor.Name, bucket.Name(), time.Now())
+		}
+		if prev != nil {
+			prev(w)
+		}
+	}
 	tw := t.startTickWait(ctx, &ask)
 	permit, err := bucket.Acquire(ctx, ask)
 	tw.end(permit, err)
