@@ -224,6 +224,21 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 	}
 }
 
+// layoutGate is the layout tests' world: a gate on the test Redis whose
+// Redis time is simulated from the server's own, and a policy of 20/s
+// with a quota of 30 an hour, a horizon of 100 ms.
+func layoutGate(t *testing.T) (*redis.Client, *Gate, *redisClock, Policy) {
+	t.Helper()
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: time.Hour}}, Horizon: 100 * time.Millisecond}
+	return rdb, g, fakeRedisTime(g, now.UnixMicro()), p
+}
+
 // TestOtherLayoutKeepsQuotas: a state another version of shaper wrote on
 // the same server (a rolling upgrade between versions whose gate hashes
 // differ: its run carries another layout's tag, its line may not read)
@@ -231,15 +246,8 @@ func TestOwnRedisMissingStateAfterSwitch(t *testing.T) {
 // not its quotas: their counters are this server's, so the calls they
 // still allow go on after the horizon, and no more.
 func TestOtherLayoutKeepsQuotas(t *testing.T) {
-	rdb := redistest.Client(t)
+	rdb, g, clk, p := layoutGate(t)
 	ctx := context.Background()
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := fakeRedisTime(g, now.UnixMicro())
-	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: time.Hour}}, Horizon: 100 * time.Millisecond}
 	b, err := g.Bucket("acme", p)
 	if err != nil {
 		t.Fatal(err)
@@ -380,15 +388,8 @@ func TestOwnRedisRestartCountsQuotasSpent(t *testing.T) {
 // alike. Before the check this version took the state for another
 // layout's and granted after a horizon, writing its own line over it.
 func TestNewerLayoutGrantsNothing(t *testing.T) {
-	rdb := redistest.Client(t)
+	rdb, g, clk, p := layoutGate(t)
 	ctx := context.Background()
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := fakeRedisTime(g, now.UnixMicro())
-	p := Policy{Limits: []Limit{{Rate: 20, Window: time.Second}, {Rate: 30, Window: time.Hour}}, Horizon: 100 * time.Millisecond}
 	newer := fmt.Sprintf("l%d:", layout+1)
 	snapshot := func(keys ...string) map[string]map[string]string {
 		out := map[string]map[string]string{}

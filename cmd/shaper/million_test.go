@@ -25,21 +25,28 @@ import (
 	"github.com/shaper-dev/shaper/vendorclients"
 )
 
-// usedMemory is Redis's used_memory (INFO memory).
-func usedMemory(t *testing.T, rdb *redis.Client) int64 {
+// infoInt is the integer field of an INFO section of Redis
+// (used_memory of memory, connected_clients of clients).
+func infoInt(t *testing.T, rdb *redis.Client, section, field string) int64 {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "memory").Result()
+	info, err := rdb.Info(context.Background(), section).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			return n
 		}
 	}
-	t.Fatal("no used_memory in INFO memory")
+	t.Fatalf("no %s in INFO %s", field, section)
 	return 0
+}
+
+// usedMemory is Redis's used_memory (INFO memory).
+func usedMemory(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	return infoInt(t, rdb, "memory", "used_memory")
 }
 
 // rssKB is a process's resident set (VmRSS, kB). A process whose RSS
@@ -212,18 +219,7 @@ func medianMB(mb []int) float64 {
 // connectedClients is Redis's connected_clients (INFO clients).
 func connectedClients(t *testing.T, rdb *redis.Client) int64 {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "clients").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	t.Fatal("no connected_clients in INFO clients")
-	return 0
+	return infoInt(t, rdb, "clients", "connected_clients")
 }
 
 // gcLine is one line of GODEBUG=gctrace=1: its time since the process
