@@ -55,33 +55,55 @@ local function fmt(x) return string.format('%d', x) end
 // how a gate hash keeps its line and the server it was written on, and
 // how the ticks list keeps a tick, for every script that reads or writes
 // them.
+//
+// The gate hash's 'line' holds eight numbers: the last reserved tick
+// (µs), the calls granted on it, the grants of clock minute gm not yet
+// folded into the stats hash (gc, see count_granted), what the bucket's
+// keys were last extended to (µs, see keep_alive), and the widest tick
+// asked under lately (see widest): its interval (µs) and burst, and
+// until when (µs) it needs no refresh (wide_at + live / 4). A grant whose
+// tick is that one reads no 'wide' field until then (see wide_entry);
+// every writer of 'wide' writes the line's three with it, or zeros (the
+// next grant reads 'wide'). It is one field read and written whole on
+// every grant, where eight cost eight times the hash's work, and it is
+// kept packed (struct.pack: eight doubles, 64 bytes, every value an
+// integer below 2^53), where reading and writing it as text cost a tenth
+// of the common grant. The embedded Redis's Lua has no struct: there the
+// line is text, "last|n|gm|gc|kept|wiv|wb|wfresh". A server holds one
+// form only; a line of the other, or of a version that kept fewer
+// numbers, reads as none.
+//
+// packer is struct where the server's Lua has it, false where it does
+// not; nil until the first line is read or written (pick_form() sets it:
+// a function's library cannot look at globals while it loads, and a
+// plain read of a missing global is an error).
+//
+// read_line(line): the line's numbers, last, n, gm, gc, kept, wiv, wb,
+// wfresh; nil, 0, nil, 0, 0, 0, 0, 0 for none.
+//
+// line_of(last, n, gm, gc, kept[, wiv, wb, wfresh]): the line of those
+// (see read_line); without the widest tick's three, zeros (see
+// wide_entry).
+//
+// tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
+// double, 8 bytes) where the line is, else its digits.
+//
+// tick_of(item): the tick of an item (digits too: a list written by a
+// version that kept them so).
+//
+// SPENT is the n of a line whose last tick a respace marked spent: more
+// than any burst, so that the next tick comes one interval after it.
+//
+// run_of(runid): the 'run' a gate hash records, the run_id of the server
+// it was written on, tagged with the state's layout (runTag). An older
+// version takes a state of this one for a stale copy, as this one takes
+// its: a switch between them costs a horizon, and the two never grant at
+// once; a newer one's is not this version's to read or write
+// (newer_layout).
 var lineFieldLua = `
--- The gate hash's 'line' holds eight numbers: the last reserved tick
--- (µs), the calls granted on it, the grants of clock minute gm not yet
--- folded into the stats hash (gc, see count_granted), what the bucket's
--- keys were last extended to (µs, see keep_alive), and the widest tick
--- asked under lately (see widest): its interval (µs) and burst, and
--- until when (µs) it needs no refresh (wide_at + live / 4). A grant whose
--- tick is that one reads no 'wide' field until then (see wide_entry);
--- every writer of 'wide' writes the line's three with it, or zeros (the
--- next grant reads 'wide'). It is one field read and written whole on
--- every grant, where eight cost eight times the hash's work, and it is
--- kept packed (struct.pack: eight doubles, 64 bytes, every value an
--- integer below 2^53), where reading and writing it as text cost a tenth
--- of the common grant. The embedded Redis's Lua has no struct: there the
--- line is text, "last|n|gm|gc|kept|wiv|wb|wfresh". A server holds one
--- form only; a line of the other, or of a version that kept fewer
--- numbers, reads as none.
-
--- packer is struct where the server's Lua has it, false where it does
--- not; nil until the first line is read or written (a function's library
--- cannot look at globals while it loads, and a plain read of a missing
--- global is an error).
 local packer = nil
 local function pick_form() packer = rawget(_G, 'struct') or false end
 
--- read_line(line): the line's numbers, last, n, gm, gc, kept, wiv, wb,
--- wfresh; nil, 0, nil, 0, 0, 0, 0, 0 for none.
 local function read_line(line)
   if packer == nil then pick_form() end
   if packer then
@@ -95,9 +117,6 @@ local function read_line(line)
   return last + 0, n + 0, gm + 0, gc + 0, kept + 0, wiv + 0, wb + 0, wfresh + 0
 end
 
--- line_of(last, n, gm, gc, kept[, wiv, wb, wfresh]): the line of those
--- (see read_line); without the widest tick's three, zeros (see
--- wide_entry).
 local function line_of(last, n, gm, gc, kept, wiv, wb, wfresh)
   if packer == nil then pick_form() end
   wiv, wb, wfresh = wiv or 0, wb or 0, wfresh or 0
@@ -105,10 +124,6 @@ local function line_of(last, n, gm, gc, kept, wiv, wb, wfresh)
   return string.format('%d|%d|%d|%d|%d|%d|%d|%d', last, n, gm, gc, kept, wiv, wb, wfresh)
 end
 
--- tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
--- double, 8 bytes) where the line is, else its digits. tick_of(item):
--- the tick of an item (digits too: a list written by a version that kept
--- them so).
 local function tick_item(t)
   if packer == nil then pick_form() end
   if packer then return packer.pack('<d', t) end
@@ -120,15 +135,8 @@ local function tick_of(item)
   return tonumber(item)
 end
 
--- SPENT is the n of a line whose last tick a respace marked spent: more
--- than any burst, so that the next tick comes one interval after it.
 local SPENT = 1000000000
 
--- run_of(runid): the 'run' a gate hash records, the run_id of the server
--- it was written on, tagged with the state's layout. An older version
--- takes a state of this one for a stale copy, as this one takes its: a
--- switch between them costs a horizon, and the two never grant at once;
--- a newer one's is not this version's to read or write (newer_layout).
 local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
@@ -153,20 +161,21 @@ func runOf(server string) string {
 }
 
 // widestLua defines widest, the rule by which the most conservative tick
-// asked under lately wins while replicas disagree (see below): the grants
-// and the respace script use it.
+// asked under lately wins while replicas disagree: the grants and the
+// respace script use it.
+//
+// widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
+// on the config (a rolling edit), the most conservative tick asked under
+// lately wins. The gate hash's 'wide' ("interval|burst|replica|gen")
+// holds it and 'wide_at' when it was last asked under: a caller whose
+// tick (mine, the same of iv, b) is at least as wide takes its place, and
+// it stops counting live after that. Within one replica the newer
+// generation of the policy (gen, a config edit) takes the place at once,
+// and a caller still under an older one spaces by the wider of the two
+// and writes nothing: a raised rate is not held back by the calls that
+// were on their way when it came. Returns the interval and burst to
+// space by, and the fields' values to write (nil: unchanged).
 var widestLua = `
--- widest(wide, wide_at, mine, iv, b, live, now): while replicas disagree
--- on the config (a rolling edit), the most conservative tick asked under
--- lately wins. The gate hash's 'wide' ("interval|burst|replica|gen")
--- holds it and 'wide_at' when it was last asked under: a caller whose
--- tick (mine, the same of iv, b) is at least as wide takes its place, and
--- it stops counting live after that. Within one replica the newer
--- generation of the policy (gen, a config edit) takes the place at once,
--- and a caller still under an older one spaces by the wider of the two
--- and writes nothing: a raised rate is not held back by the calls that
--- were on their way when it came. Returns the interval and burst to
--- space by, and the fields' values to write (nil: unchanged).
 local function widest(wide, wide_at, mine, iv, b, live, now)
   wide_at = tonumber(wide_at)
   if wide == mine and wide_at then
@@ -187,11 +196,55 @@ end
 `
 
 // lineLua defines the pieces of a bucket's line of ticks that the core
-// and the full reserve script share.
+// and the full reserve script share, widest (widestLua) among them.
+//
+// put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
+// assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
+// assigns one at a time.)
+//
+// wide_entry(wide, wide_at, wide_at_new, iv, b, live): the widest tick
+// as the line keeps it (see read_line) after widest: the caller's (iv,
+// b) when widest wrote it (wide_at_new), else the 'wide' field's; fresh
+// until live / 4 after it was last asked under (zeros: none). While the
+// line's is the caller's tick and fresh, widest would space by that tick
+// and write nothing the line does not say: the grant need not read
+// 'wide'. (When the entry is another replica's with the same tick,
+// widest would have the caller take its place; the caller does once it
+// is no longer fresh.)
+//
+// line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh): widest
+// for a caller of tick (iv, b) whose line holds the entry (wiv, wb,
+// wfresh): without reading 'wide' while the entry is the caller's and
+// fresh (see wide_entry). Returns widest's four values, then the entry
+// for the line.
+//
+// keep_alive(k, untilv, kept, paused, keep, tag_keep, now): the bucket's
+// keys (k: gate, control, ticks, expiry, tags, member) outlive untilv, and
+// the tag record loses the entries tag_keep past their tick. The keys
+// are extended a little further than asked (a quarter of keep, at most a
+// second), and only once untilv passes what they were last extended to
+// (kept, in the gate hash's line), so that a busy bucket extends them a
+// few times a keep rather than on every grant. Returns what they were
+// extended to, for the line (nil: not extended).
+//
+// log_ticks(key, items, last, len, keep, now): the ticks list (newest
+// first) gets items (tick_item, oldest first; last: the newest's tick);
+// it is cut back to len once it holds tickTrim more, and a list made anew
+// expires keep after the last tick.
+//
+// fold_granted(key, gm, c, m): c grants of clock minute gm into the
+// stats hash key at minute m: into gm's slot, or the total once gm is
+// more than a minute old.
+//
+// count_granted(key, k, m, gm, gc): the bucket's count of grants in
+// clock minute m after k more, as its gate hash keeps it (gc in minute
+// gm). The gate hash counts a minute's grants and folds them into the
+// group's stats hash key (see minuteCounterLua) once they reach
+// grantFold or the minute changes, so that most grants write no stats;
+// Stats adds what the gate hash holds to what the stats hash does. A
+// gate hash that expires after idle takes the count it had not folded
+// with it.
 var lineLua = `
--- put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
--- assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
--- assigns one at a time.)
 local function put(t, a, b, c, d)
   local n = #t
   t[n + 1] = a
@@ -202,15 +255,6 @@ local function put(t, a, b, c, d)
   end
 end
 ` + widestLua + `
--- wide_entry(wide, wide_at, wide_at_new, iv, b, live): the widest tick
--- as the line keeps it (see read_line) after widest: the caller's (iv,
--- b) when widest wrote it (wide_at_new), else the 'wide' field's; fresh
--- until live / 4 after it was last asked under (zeros: none). While the
--- line's is the caller's tick and fresh, widest would space by that tick
--- and write nothing the line does not say: the grant need not read
--- 'wide'. (When the entry is another replica's with the same tick,
--- widest would have the caller take its place; the caller does once it
--- is no longer fresh.)
 local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   if wide_at_new then return iv, b, wide_at_new + math.floor(live / 4) end
   local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
@@ -219,11 +263,6 @@ local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   return wiv + 0, wb + 0, wide_at + math.floor(live / 4)
 end
 
--- line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh): widest
--- for a caller of tick (iv, b) whose line holds the entry (wiv, wb,
--- wfresh): without reading 'wide' while the entry is the caller's and
--- fresh (see wide_entry). Returns widest's four values, then the entry
--- for the line.
 local function line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh)
   if wiv == iv and wb == b and now < wfresh then return iv, b, nil, nil, wiv, wb, wfresh end
   local wide, wide_at = unpack(redis.call('HMGET', k_gate, 'wide', 'wide_at'))
@@ -232,14 +271,6 @@ local function line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh)
   return interval, burst, wide_new, wide_at_new, wiv, wb, wfresh
 end
 
--- keep_alive(k, untilv, kept, paused, keep, tag_keep, now): the bucket's
--- keys (k: gate, control, ticks, expiry, tags, member) outlive untilv, and
--- the tag record loses the entries tag_keep past their tick. The keys
--- are extended a little further than asked (a quarter of keep, at most a
--- second), and only once untilv passes what they were last extended to
--- (kept, in the gate hash's line), so that a busy bucket extends them a
--- few times a keep rather than on every grant. Returns what they were
--- extended to, for the line (nil: not extended).
 local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   if untilv <= kept then return nil end
   untilv = untilv + math.min(1000000, math.floor(keep / 4))
@@ -256,19 +287,12 @@ local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   return untilv
 end
 
--- log_ticks(key, items, last, len, keep, now): the ticks list (newest
--- first) gets items (tick_item, oldest first; last: the newest's tick);
--- it is cut back to len once it holds tickTrim more, and a list made anew
--- expires keep after the last tick.
 local function log_ticks(key, items, last, len, keep, now)
   local n = redis.call('LPUSH', key, unpack(items))
   if n == #items then extend(key, last + keep + 1000000, now) end
   if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
 end
 
--- fold_granted(key, gm, c, m): c grants of clock minute gm into the
--- stats hash key at minute m: into gm's slot, or the total once gm is
--- more than a minute old.
 local function fold_granted(key, gm, c, m)
   if gm < m - 1 then
     redis.call('HINCRBY', key, 'granted', fmt(c))
@@ -277,13 +301,6 @@ local function fold_granted(key, gm, c, m)
   end
 end
 
--- count_granted(key, k, m, gm, gc): the bucket's count of grants in
--- clock minute m after k more, as its gate hash keeps it (gc in minute
--- gm). The gate hash counts a minute's grants and folds them into the
--- group's stats hash key (see minuteCounterLua) once they reach
--- ` + grantFoldLua + ` or the minute changes, so that most grants write no stats; Stats
--- adds what the gate hash holds to what the stats hash does. A gate hash
--- that expires after idle takes the count it had not folded with it.
 local function count_granted(key, k, m, gm, gc)
   if gm ~= m then
     if gm and gc > 0 then fold_granted(key, gm, gc, m) end
@@ -393,6 +410,34 @@ end
 local function core_policy(s) return cached(s, parse_core) end
 `
 
+// coreLua is the core grant's main part. It binds KEYS (coreKeyNames) to
+// locals k_* and ARGV (coreArgs) to locals a_*: x + 0 makes a number of a
+// string with one strtod, where tonumber(x) makes two (the policy's
+// numbers, p, are made once, see cacheLua). Then, in order:
+//
+//  1. The state: the gate hash's line, run and adapted, handed over
+//     (NEED_STATE) unless the server is known (a_server) and the line
+//     was written on it.
+//  2. The tick (interval, burst): the widest live one (line_widest: the
+//     'wide' field read only when the line does not say it is the
+//     caller's, see wide_entry), widened by what adaptation set (a rate
+//     set or announced, a guard learned from refusals), read only when
+//     the gate hash says it is there (if adapted, see adaptedLua): a
+//     pause, a rate, a guard, a high call waiting, costly calls.
+//  3. A margin lesson in force (tol): calls stamp their starts
+//     (startLua), apart by a gap Go makes of the spacing without the
+//     guard (bare, see startGap).
+//  4. While a high call waits (hi_until), every call steps aside
+//     (BEHIND_HIGH).
+//  5. Each call in turn (the loop over tags): the next tick on the line,
+//     or beyond the horizon a moment to come back (at), one tick after
+//     the last deferred caller's (defer_at, read only then).
+//  6. The line, the ticks list and the tag record (if #ticks > 0); the
+//     keys' expiry once the line passes what they were extended to
+//     (untilv > kept); the widest tick (if wide_at_new) and the deferred
+//     moment (if deferred > 0) when they changed. widest gives a new
+//     wide_at with every new wide, and keeps wide only when it is mine;
+//     the line says it with it.
 const coreLua = `
 local k_gate = KEYS[1]
 local k_control = KEYS[2]
@@ -400,8 +445,6 @@ local k_stats = KEYS[3]
 local k_ticks = KEYS[4]
 local k_expiry = KEYS[5]
 local k_tags = KEYS[6]
--- x + 0 makes a number of a string with one strtod, where tonumber(x)
--- makes two (the policy's numbers are made once, see cacheLua).
 local a_now = ARGV[1] + 0
 local a_server = ARGV[2]
 local a_tags = ARGV[3]
@@ -414,12 +457,6 @@ local line, run, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'ad
 if a_server == '' or not line or run ~= a_server then return handover(NEED_STATE) end
 local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 
--- The tick: the widest live one (the 'wide' field read only when the
--- line does not say it is the caller's, see wide_entry), widened by what
--- adaptation set (a rate set or announced, a guard learned from
--- refusals), read only when the gate hash says it is there (see
--- adaptedLua): a pause, a rate, a guard, a high call waiting, costly
--- calls.
 local interval, burst, wide_new, wide_at_new
 interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
   wiv, wb, wfresh)
@@ -441,8 +478,6 @@ if adapted then
     local iv, b = spacing(rate or p.rate, burst, p.window + guard)
     interval, burst = math.max(interval, iv), b
   end
-  -- A margin lesson in force (tol): calls stamp their starts (startLua),
-  -- apart by a gap Go makes of the spacing without the guard (startGap).
   if tol > 0 and burst == 1 then bare = spacing(rate or p.rate, 1, p.window) end
 end
 local tags = {''}
@@ -457,9 +492,6 @@ if hi_until > now then
   return out
 end
 
--- Each call in turn: the next tick on the line, or beyond the horizon a
--- moment to come back, one tick after the last deferred caller's (read
--- only then).
 local ticks, tagged = {}, {}
 local pace, at = math.floor(interval / burst), 0
 local from, deferred = math.max(now, paused), 0
@@ -483,9 +515,6 @@ for i = 1, #tags do
   put(out, code, wait, why, tick)
 end
 
--- The line, the ticks list and the tag record; the keys' expiry once
--- the line passes what they were extended to; the widest tick and the
--- deferred moment when they changed.
 local m = math.floor(now / 60000000)
 if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
@@ -499,8 +528,6 @@ if untilv > kept then
   kept = keep_alive(keys, untilv, kept, paused, p.keep, p.tag_keep, now)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
--- (widest gives a new wide_at with every new wide, and keeps wide only
--- when it is mine; the line says it with it.)
 if wide_at_new then
   redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
     line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
