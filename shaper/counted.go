@@ -15,19 +15,56 @@ import (
 // or its counted limits: the fair share of the total, the earliest tick
 // a line admits, fitting a tick to both the bucket's line and the
 // total's (a line, or a ring of slots: see ringLua), the total's grant.
+//
+// fair_pace(k, g, interval, now): the fair share of the group's total
+// among its buckets with waiting callers (max-min: water-filling),
+// recomputed at most every 250 ms, as µs per call (0: the total does not
+// bind). k holds the keys (gate, total, asking, rates); g the bucket in
+// its group: member, own (its rate per total window, as the gate passes
+// it), rate and span (the total's calls per window, and window + guard),
+// horizon, keep, and what the hashes said: asked_at and asked_rate (when
+// and at what rate the bucket last said it was asking, gate hash), share
+// and share_at (total hash). The bucket says it is asking (and at what
+// rate) once per half of what it is counted for (the local span), not on
+// every call: its gate hash keeps when.
+//
+// earliest(l, u, iv, b, t, cost, charge): the earliest tick at or after
+// t for a call of cost units on a line of ticks iv apart, each carrying
+// at most b units, whose last tick l carries u units. A tick is followed
+// by one interval per b units it carried, unless charge is false (the
+// counters keep the units). A respace marks a tick spent (u of SPENT, see
+// respaceScript): one interval follows it.
+//
+// logged(l, u, b, kth, span, t, cost): earliest for a bucket that keeps
+// the log of its last k ticks (in a group with a total), whose k-th last
+// tick is kth (nil: fewer): a new tick comes at least span after it,
+// which keeps at most k ticks in any window while letting a bucket the
+// total pushed later catch up.
+//
+// log_cut(log, k): the k-th tick of a log of ticks (newest first, comma
+// separated; nil when it holds fewer), and its first k - 1 ticks as they
+// are written: what the next tick's log keeps after it. Only the k-th
+// tick is read as a number.
+//
+// FIT_ROUNDS bounds fit's rounds: a tick both lines admit is found in
+// two (the bucket's line admits any tick past its next one).
+//
+// fit(s, t, tick): the earliest tick at or after tick that both the
+// bucket's line and the total's admit. s is the bucket's line: last, n,
+// interval, burst, cost, charge (see earliest), and k, kth, span for a
+// bucket that keeps its log (k > 0, see logged). t is the total's: iv
+// (0: none), burst, last, n, blocked (no tick before it), and for a ring
+// (ring > 0) its key slots, horizon and now (see free_slot).
+//
+// total_granted(k, t, tick, cost, keep, now): the total's state
+// after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
+// last, n, kept, the total's counters in use, costly_until (nil: not
+// written) and fields, more of the total hash to write). The total's keys
+// outlive the tick by keep: extended a little further (a quarter of keep,
+// at most a second) once the tick passes what they were last extended to
+// (its 'kept', the local tkept), as the bucket's keys are.
 const groupLua = `
--- fair_pace(k, g, interval, now): the fair share of the group's total
--- among its buckets with waiting callers (max-min: water-filling),
--- recomputed at most every 250 ms, as µs per call (0: the total does not
--- bind). k holds the keys (gate, total, asking, rates); g the bucket in
--- its group: member, own (its rate per total window, as the gate passes
--- it), rate and span (the total's calls per window, and window + guard),
--- horizon, keep, and what the hashes said: asked_at and asked_rate (when
--- and at what rate the bucket last said it was asking, gate hash), share
--- and share_at (total hash).
 local function fair_pace(k, g, interval, now)
-  -- The bucket says it is asking (and at what rate) once per half of what
-  -- it is counted for, not on every call: its gate hash keeps when.
   local span = math.max(interval, g.horizon)
   if g.asked_rate ~= g.own or now - (tonumber(g.asked_at) or 0) >= span / 2 then
     redis.call('ZADD', k.asking, now + 2 * span, g.member)
@@ -63,12 +100,6 @@ local function fair_pace(k, g, interval, now)
   return 0
 end
 
--- earliest(l, u, iv, b, t, cost): the earliest tick at or after t for a
--- call of cost units on a line of ticks iv apart, each carrying at most b
--- units, whose last tick l carries u units. A tick is followed by one
--- interval per b units it carried, unless charge is false (the counters
--- keep the units). A respace marks a tick spent (u of SPENT, see
--- respaceScript): one interval follows it.
 local function earliest(l, u, iv, b, t, cost, charge)
   if l == nil then return t end
   if t <= l and u + cost <= b then return l end
@@ -77,11 +108,6 @@ local function earliest(l, u, iv, b, t, cost, charge)
   return math.max(t, e)
 end
 
--- logged(l, u, b, kth, span, t, cost): earliest for a bucket that
--- keeps the log of its last k ticks (in a group with a total), whose
--- k-th last tick is kth (nil: fewer): a new tick comes at least span
--- after it, which keeps at most k ticks in any window while letting a
--- bucket the total pushed later catch up.
 local function logged(l, u, b, kth, span, t, cost)
   if l ~= nil and t <= l and u + cost <= b then return l end
   local c = t
@@ -90,10 +116,6 @@ local function logged(l, u, b, kth, span, t, cost)
   return c
 end
 
--- log_cut(log, k): the k-th tick of a log of ticks (newest first, comma
--- separated; nil when it holds fewer), and its first k - 1 ticks as they
--- are written: what the next tick's log keeps after it. Only the k-th
--- tick is read as a number.
 local function log_cut(log, k)
   local from = 1
   for _ = 1, k - 1 do
@@ -105,16 +127,8 @@ local function log_cut(log, k)
   return tonumber(string.sub(log, from, (c or 0) - 1)), string.sub(log, 1, math.max(from - 2, 0))
 end
 
--- FIT_ROUNDS bounds fit's rounds: a tick both lines admit is found in
--- two (the bucket's line admits any tick past its next one).
 local FIT_ROUNDS = 8
 
--- fit(s, t, tick): the earliest tick at or after tick that both the
--- bucket's line and the total's admit. s is the bucket's line: last, n,
--- interval, burst, cost, charge (see earliest), and k, kth, span for a
--- bucket that keeps its log (k > 0, see logged). t is the total's: iv
--- (0: none), burst, last, n, blocked (no tick before it), and for a ring
--- (ring > 0) its key slots, horizon and now (see free_slot).
 local function fit(s, t, tick)
   for _ = 1, FIT_ROUNDS do
     local a
@@ -132,18 +146,11 @@ local function fit(s, t, tick)
   return tick
 end
 
--- total_granted(k, t, tick, cost, keep, now, fields): the total's state
--- after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
--- last, n, kept, the total's counters in use, costly_until (nil: not
--- written) and fields, more of the total hash to write).
 local function total_granted(k, t, tick, cost, keep, now)
   local tn = 1
   if tick == t.last then tn = t.n + 1 end
   local tset = t.fields
   put(tset, 'last', fmt(math.max(tick, t.last or 0)), 'n', tn)
-  -- The total's keys outlive the tick by keep: extended a little further
-  -- (a quarter of keep, at most a second) once the tick passes what they
-  -- were last extended to (its 'kept'), as the bucket's keys are.
   local tkept = t.kept
   if tick + keep > tkept then
     tkept = tick + keep + math.min(1000000, math.floor(keep / 4))
@@ -163,11 +170,24 @@ end
 // ringLua defines how a group's total keeps its ticks as a ring of slots
 // over the horizon (a bitmap): the first free slot, and clearing the
 // slots that passed.
+//
+// first_clear(key, from, to): the first clear bit of the bitmap at key
+// in bits from..to, or -1. BITPOS's BIT unit is Redis 7's: on a Redis
+// without it (the embedded one) the bytes are read and scanned here, a
+// full byte at a time.
+//
+// free_slot(k_slots, ring, t, blocked, tiv, horizon, now): the earliest
+// free slot of the total's ring bitmap at or after t (beyond the horizon
+// if none).
+//
+// ring_cleared(k_slots, ring, tiv, cleared, kept, keep, now): the ring's
+// slots that passed since the last grant (cleared: the last slot
+// cleared, nil for none) are cleared for the next round; a ring made
+// anew expires as the total does (kept: what the total's keys were last
+// extended to), and at once (when k_slots does not exist), since grants
+// extend it only as their ticks pass kept. Returns the last slot cleared
+// now, for the total's 'cleared'.
 const ringLua = `
--- first_clear(key, from, to): the first clear bit of the bitmap at key
--- in bits from..to, or -1. BITPOS's BIT unit is Redis 7's: on a Redis
--- without it (the embedded one) the bytes are read and scanned here, a
--- full byte at a time.
 local function first_clear(key, from, to)
   local p = redis.pcall('BITPOS', key, 0, from, to, 'BIT')
   if type(p) == 'number' then
@@ -190,8 +210,6 @@ local function first_clear(key, from, to)
   return -1
 end
 
--- free_slot: the earliest free slot of the total's ring bitmap at or
--- after t (beyond the horizon if none).
 local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
   local j = math.ceil(math.max(t, blocked + tiv) / tiv)
   local limit = math.floor((now + horizon) / tiv)
@@ -205,15 +223,8 @@ local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
   return (limit + 1) * tiv
 end
 
--- ring_cleared(k_slots, ring, tiv, cleared, kept, keep, now): the ring's
--- slots that passed since the last grant (cleared: the last slot
--- cleared, nil for none) are cleared for the next round; a ring made
--- anew expires as the total does (kept: what the total's keys were last
--- extended to). Returns the last slot cleared now, for the total's
--- 'cleared'.
 local function ring_cleared(k_slots, ring, tiv, cleared, kept, keep, now)
   if redis.call('EXISTS', k_slots) == 0 then
-    -- At once, since grants extend it only as their ticks pass kept.
     redis.call('SETBIT', k_slots, ring - 1, 0)
     extend(k_slots, math.max(kept, now + keep), now)
   end
@@ -275,6 +286,11 @@ func (a reserveArgs) counted(mine string) countedArgs {
 // and Total arguments as tables (see cacheLua), with the quotas of their
 // limits as counters (countersLua: calls of one unit are kept by the
 // spacing alone on the spaced limits).
+//
+// policy_of(s), total_of(s): the parsed Policy and Total arguments
+// (parse_policy, parse_total; total_of of "" is nil). The quotas'
+// counters are the same tables on every call: each call loads them
+// (counter_load) before it uses them.
 var policyLua = `
 local function parse_policy(s)
   local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, limits = string.match(s,
@@ -290,9 +306,6 @@ local function parse_total(s)
     quotas = counters_in_use(parse_limits(limits), false)}
 end
 
--- policy_of(s), total_of(s): the parsed Policy and Total arguments. The
--- quotas' counters are the same tables on every call: each call loads
--- them (counter_load) before it uses them.
 local function policy_of(s) return cached(s, parse_policy) end
 local function total_of(s)
   if s == '' then return nil end
@@ -314,6 +327,33 @@ end
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
 	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
 
+// countedLua is the counted grant's main part. It binds KEYS
+// (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,
+// and parses the policy (p) and the total (tot). Then, in order:
+//
+//  1. The states (the gate hash's line, run, adapted, ...; the total's
+//     hash, the local ts, read by name), written on this server
+//     (a_server; NO_SERVER where INFO is refused: then only a missing
+//     state is told), with no adaptation in force: the control hash is
+//     read under the gate hash's mark (if adapted, see adaptedLua), then
+//     unmarked. Else the call is handed over (NEED_STATE, NEED_ADAPT,
+//     NEED_COSTLY).
+//  2. The tick (interval, burst): the widest live one (line_widest: the
+//     'wide' field read only when the line does not say it is the
+//     caller's, see wide_entry), at the fair share of the total (fair,
+//     see fair_pace).
+//  3. The quotas (p.quotas, tot.quotas; calls of one unit are kept by the
+//     spacing alone on the spaced limits): the earliest start they admit
+//     (start).
+//  4. The earliest tick both lines admit (tick, see fit): the bucket's
+//     own at its pace (its virtual time vt under a total), the total's
+//     once its ring is cleared (ring_cleared).
+//  5. keep(untilv, tag_keep), a local function: the bucket's keys outlive
+//     untilv (see keep_alive), and the line says so.
+//  6. Beyond the horizon (tick - now > horizon): the caller comes back
+//     one tick after the last deferred caller (defer_at).
+//  7. Grant: the line (and the log, newlog), the ticks list, the tag
+//     record, the quotas, the total (total_granted).
 const countedLua = `
 local k_gate = KEYS[1]
 local k_control = KEYS[2]
@@ -337,9 +377,6 @@ local a_total = ARGV[7]
 local p = policy_of(a_policy)
 local tot = total_of(a_total)
 
--- The states, written on this server (a_server; NO_SERVER where INFO is
--- refused: then only a missing state is told), with no adaptation in
--- force: read under the gate hash's mark (adaptedLua), then unmarked.
 local now = now_from(a_now)
 local runid = a_server
 if runid == NO_SERVER then runid = '' end
@@ -356,7 +393,7 @@ if adapted then
   redis.call('HDEL', k_gate, 'adapted')
 end
 local tiv = 0
-local ts = {} -- the total's hash, read by name
+local ts = {}
 if tot then
   tiv = tot.interval
   ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = unpack(redis.call('HMGET',
@@ -365,9 +402,6 @@ if tot then
   if (tonumber(ts.costly_until) or 0) > now then return handover(NEED_COSTLY) end
 end
 
--- The tick: the widest live one (the 'wide' field read only when the
--- line does not say it is the caller's, see wide_entry), at the fair
--- share of the total.
 local interval, burst, wide_new, wide_at_new
 interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
   wiv, wb, wfresh)
@@ -382,8 +416,6 @@ if tiv > 0 and a_member ~= '' then
     share = ts.share, share_at = ts.share_at}, interval, now)
 end
 
--- The quotas (calls of one unit are kept by the spacing alone on the
--- spaced limits): the earliest start they admit.
 local start = now
 for _, c in ipairs(p.quotas) do
   counter_load(k_counts, c, now, true)
@@ -394,8 +426,6 @@ for _, c in ipairs(tot and tot.quotas or {}) do
   start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
 end
 
--- The earliest tick both lines admit: the bucket's own at its pace (its
--- virtual time under a total), the total's once its ring is cleared.
 local tick, pace, tfields = start, math.floor(interval / burst), {}
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
@@ -414,8 +444,6 @@ tick = fit({last = last, n = n, interval = interval, burst = burst, cost = 1, ch
   {iv = tiv, burst = tot and tot.burst, last = tonumber(ts.last), n = tonumber(ts.n) or 0, blocked = tonumber(ts.blocked) or 0,
     ring = tot and tot.ring, slots = k_slots, horizon = horizon, now = now}, tick)
 
--- keep(untilv, tag_keep): the bucket's keys outlive untilv (see
--- keep_alive), and the line says so.
 local function keep(untilv, tag_keep)
   if untilv <= kept then return end
   local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
@@ -423,7 +451,6 @@ local function keep(untilv, tag_keep)
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
 
--- Beyond the horizon: come back one tick after the last deferred caller.
 if tick - now > horizon then
   if #tfields > 0 then redis.call('HSET', k_total, unpack(tfields)) end
   local reason = BEYOND_HORIZON
@@ -435,8 +462,6 @@ if tick - now > horizon then
   return {ANSWERED, '', 0, 0, 0, DEFERRED, at - now, reason, 0}
 end
 
--- Grant: the line (and the log), the ticks list, the tag record, the
--- quotas, the total.
 local newlog = nil
 if tick == last then
   n = n + 1
