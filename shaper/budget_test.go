@@ -23,11 +23,11 @@ import (
 // of issue 43) each composed Lua text may have.
 var luaCeilings = map[string]int{
 	"coreFunction":    252,
-	"countedFunction": 594, // counter_adopt: counters named by their window (G1 across edits)
-	"reserveFunction": 960, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss), newer_layout (an upgrade waits, never overruns)
-	"giveUpScript":    222, // counter_adopt: counters named by their window (G1 across edits)
-	"countUsedScript": 203, // counter_adopt: counters named by their window (G1 across edits)
-	"limitsScript":    188, // counter_adopt: counters named by their window (G1 across edits)
+	"countedFunction": 566, // counter_adopt: counters named by their window (G1 across edits)
+	"reserveFunction": 809, // counter_adopt (G1 across edits), every account after an epoch made anew (G1 after a loss), newer_layout (an upgrade waits, never overruns)
+	"giveUpScript":    194, // counter_adopt: counters named by their window (G1 across edits)
+	"countUsedScript": 175, // counter_adopt: counters named by their window (G1 across edits)
+	"limitsScript":    160, // counter_adopt: counters named by their window (G1 across edits)
 	"refusedScript":   114,
 	"applyScript":     100,
 	"planScript":      75,

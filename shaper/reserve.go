@@ -100,10 +100,50 @@ end
 // left the span, so a count errs on the safe side by at most one slot
 // (1/limitSlots of the window), and the state is at most
 // (span + horizon) / slot + 5 fields whatever the rate.
+//
+// parse_limits(spec) reads "kind:rate:span:slot:id,..." (see limitSpec:
+// kind q a quota, c a spaced limit counted for every call, s one
+// counted for calls above one unit).
+//
+// counters_in_use(all, spaced): the quotas of all, and its spaced limits
+// when spaced is true.
+//
+// counter_adopt(key, c, old, now) moves counter old ({id, slot}: the
+// previous release's, named by its place, or c before an edit of its
+// slots' width) into c: each old slot's units into the slot of c that
+// holds the old one's end, where they count at least as long as they
+// did. Returns c's sum, low and top (nil: nothing to move).
+//
+// slot_fields(c, from, to): the field names of c's slots from..to.
+//
+// slots_in(key, c, from, to): the counted slots of c from from to to, as
+// a list of {j, units} in order. A short range is read field by field; a
+// long one (after an idle spell, or slots much shorter than the horizon)
+// from the whole hash, whose fields are at most the grants of a span and
+// a horizon.
+//
+// drop_slots(key, c, slots): deletes the fields of slots (a list of
+// slots_in).
+//
+// counter_load(key, c, now, write) reads counter c and drops the slots no
+// window ending at or after now holds (when write is true). It reads the
+// units of now's slot too (c.jn, c.jn_units), where a grant's tick
+// usually falls: counter_add then writes them with the sum, in one
+// command.
+//
+// counter_free_at(key, c, cost, now) is the earliest moment c admits
+// cost more units: now when they fit, else when enough counted slots
+// have left the span.
+//
+// counter_add(key, c, t, cost, keep, now) counts cost units at tick t;
+// the key outlives the slot's end by keep.
+//
+// counter_fill(key, c, t, now) counts c as spent at t: what a lost state
+// may have granted. The fill is kept apart (id..':fill') so that a count
+// the vendor announces can replace it (see countUsedScript). It sets c.jn
+// to nil: the units of now's slot may be gone, and counter_add adds to
+// what the hash holds.
 const countersLua = `
--- parse_limits(spec) reads "kind:rate:span:slot:id,..." (see limitSpec:
--- kind q a quota, c a spaced limit counted for every call, s one
--- counted for calls above one unit).
 local function parse_limits(spec)
   local out = {}
   for kind, rate, span, slot, id in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+):([%w.]+)') do
@@ -113,8 +153,6 @@ local function parse_limits(spec)
   return out
 end
 
--- counters_in_use(all, spaced): the quotas of all, and its spaced limits
--- when spaced is true.
 local function counters_in_use(all, spaced)
   if spaced then return all end
   local out = {}
@@ -124,11 +162,6 @@ local function counters_in_use(all, spaced)
   return out
 end
 
--- counter_adopt(key, c, old, now) moves counter old ({id, slot}: the
--- previous release's, named by its place, or c before an edit of its
--- slots' width) into c: each old slot's units into the slot of c that
--- holds the old one's end, where they count at least as long as they
--- did. Returns c's sum, low and top (nil: nothing to move).
 local function counter_adopt(key, c, old, now)
   local sum, low, top = unpack(redis.call('HMGET', key, old.id .. ':sum', old.id .. ':low', old.id .. ':top'))
   if not (sum and low and top) then return nil end
@@ -159,11 +192,6 @@ local function slot_fields(c, from, to)
   return f
 end
 
--- slots_in(key, c, from, to): the counted slots of c from from to to, as
--- a list of {j, units} in order. A short range is read field by field; a
--- long one (after an idle spell, or slots much shorter than the horizon)
--- from the whole hash, whose fields are at most the grants of a span and
--- a horizon.
 local function slots_in(key, c, from, to)
   local out = {}
   if to < from then return out end
@@ -190,11 +218,6 @@ local function drop_slots(key, c, slots)
   for i = 1, #f, 500 do redis.call('HDEL', key, unpack(f, i, math.min(i + 499, #f))) end
 end
 
--- counter_load(key, c, now, write) reads counter c and drops the slots no
--- window ending at or after now holds (when write is true). It reads the
--- units of now's slot too (c.jn, c.jn_units), where a grant's tick
--- usually falls: counter_add then writes them with the sum, in one
--- command.
 local function counter_load(key, c, now, write)
   c.jn = math.floor(now / c.slot)
   local sum, low, top, fill, units, slot = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
@@ -225,9 +248,6 @@ local function counter_load(key, c, now, write)
   end
 end
 
--- counter_free_at(key, c, cost, now) is the earliest moment c admits
--- cost more units: now when they fit, else when enough counted slots
--- have left the span.
 local function counter_free_at(key, c, cost, now)
   local need = c.sum + cost - c.rate
   if need <= 0 or c.top == nil then return now end
@@ -238,8 +258,6 @@ local function counter_free_at(key, c, cost, now)
   return (c.top + 1) * c.slot + c.span
 end
 
--- counter_add(key, c, t, cost, keep) counts cost units at tick t; the
--- key outlives the slot's end by keep.
 local function counter_add(key, c, t, cost, keep, now)
   local j = math.floor(t / c.slot)
   c.sum = c.sum + cost
@@ -262,12 +280,9 @@ local function counter_add(key, c, t, cost, keep, now)
   end
 end
 
--- counter_fill(key, c, t) counts c as spent at t: what a lost state may
--- have granted. The fill is kept apart (id..':fill') so that a count the
--- vendor announces can replace it (see observeScript).
 local function counter_fill(key, c, t, now)
   local j = math.floor(t / c.slot)
-  c.jn = nil -- its units may be gone: counter_add adds to what the hash holds
+  c.jn = nil
   if c.top then drop_slots(key, c, slots_in(key, c, c.low, c.top)) end
   c.low = math.floor((now - c.span) / c.slot)
   c.sum, c.top, c.fill = c.rate, j, c.rate
@@ -401,20 +416,84 @@ var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCo
 // the state: adaptation, the server, a lost state, warm-up. Each step of
 // the model is a function of its inputs, defined in the library so that
 // a call creates no closure over them.
+//
+// newer_layout(run): whether a hash's run is tagged with a newer layout
+// than this version's (l<N>:, N above LAYOUT, the Go layout; see
+// run_of): such a state may count what this version cannot read.
+//
+// adapted_tick(key, ctl, interval, burst, now, raise, span, window): what
+// adaptation set (a lowered or learned rate, a learned guard from
+// refusals at the full rate: network jitter, a vendor that enforces
+// spacing) widens the tick. ctl holds the control hash's fields by name.
+// Returns the tick and the adapted rate (nil: the configured one).
+//
+// server(k_epoch, known, keep, now): which Redis server this is and
+// whether it changed. A state written by another server than this one (a
+// replica promoted by a failover, a restart from a snapshot or an
+// append-only file) may be a stale copy that lacks the last ticks the old
+// server granted: it counts as lost. The server is told by its run_id
+// (new for every server process): known, as the gate passes it (see
+// server.go), or "" to read it from INFO server. It is kept with the
+// epoch ("run_id|switched_at") and with each state ("run"). For keep
+// after a switch, a missing state counts as lost as well (it may never
+// have reached this server). Where INFO is not allowed, runid is "" and
+// only missing states are detected. The epoch is set once per group: a
+// state missing while it exists expired after idle or was lost (the
+// expiry set tells which); with the epoch missing too, this is a first
+// start or Redis lost everything: a gate that passed another server's
+// run_id granted on that one, and the loss is a switch as above (every
+// missing state of the group counts as lost for keep, the loss certain);
+// else it cannot be told from a first start, and the loss is uncertain
+// (see lost_at and UNSURE). What the gate knows is checked against INFO
+// whenever it is not what the epoch says (a first start, a loss, a switch
+// the gate has not seen yet): an epoch is never written from a run_id
+// INFO did not give. Returns the run_id as the gate should know it
+// (noServer where INFO is refused), then runid, epoch, switched.
+//
+// lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon,
+// span, now): where the next tick of a lost state comes (nil: not lost),
+// and whether the loss is certain (a known server switched, or the state
+// is missing while the group says it should be there). st is the gate
+// hash. A group found without its epoch is new, or Redis lost everything
+// and cannot say so: every state of the group missing within horizon +
+// span (its longest spaced window) counts as lost, uncertain (quotas
+// keep what they hold): no account is granted beside ticks a lost state
+// handed out (TestOwnRedisRestartLosesEveryAccount), and all start a
+// horizon after the epoch, as the first. The expiry set holds until
+// when (that + span), as UNSURE, a name no bucket can have. In order:
+// a state another version of shaper wrote on this server (the run_id is
+// this server's, the layout's tag another) may not read here, so its
+// ticks reach at most now + horizon, as a stale copy's; but the counters
+// are this server's and kept their layout: the loss is not certain, and
+// the quotas keep what they counted. A state holding a plan and no tick
+// yet (calls planned, none granted) lost nothing, unless the group lost
+// its epoch with it. A stale copy (last ~= nil, another run): the ticks
+// it lacks reach at most now + horizon.
+//
+// log_at(l, k, span): the log of a state reset at l, its last k ticks as
+// if spaced at the bucket's pace up to l, so that the next come at that
+// pace.
+//
+// note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh): 'wide' and
+// 'wide_at' as widest left them, and the line (when it reads) with the
+// widest tick's entry (see wide_entry).
+//
+// warm_since(k_gate, had_state, warm, last, paused, pfrom, window, now):
+// the moment a warm-up ramp started (nil: none): when the bucket starts
+// after being idle longer than its window (its state gone, or a pause
+// that long ending). Without a state, the ramp starts at the line's last
+// tick, else now (warm = last or now): a lost state's first tick waits
+// the horizon.
+//
+// warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval,
+// burst, now): the tick while a warm-up ramp runs (see warm_since), from
+// p.warmup_from to the rate over p.warmup.
 var reserveStepsLua = `
--- newer_layout(run): whether a hash's run is tagged with a newer layout
--- than this version's (l<N>:, N above LAYOUT; see run_of): such a state
--- may count what this version cannot read.
 local LAYOUT = ` + strconv.Itoa(layout) + `
 local function newer_layout(run)
   local v = string.match(run or '', '^l(%d+):')
   return v ~= nil and tonumber(v) > LAYOUT
 end
--- adapted_tick: what adaptation set (a lowered or learned rate, a learned
--- guard from refusals at the full rate: network jitter, a vendor that
--- enforces spacing) widens the tick. ctl holds the control hash's
--- fields by name.
--- Returns the tick and the adapted rate (nil: the configured one).
 local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
   local cfg = raise.cfg
   local rate = tonumber(ctl.rate)
@@ -436,32 +515,10 @@ local function adapted_tick(key, ctl, interval, burst, now, raise, span, window)
   return interval, burst, rate
 end
 
--- server: which Redis server this is and whether it changed. A state
--- written by another server than this one (a replica promoted by a
--- failover, a restart from a snapshot or an append-only file) may be a
--- stale copy that lacks the last ticks the old server granted: it counts
--- as lost. The server is told by its run_id (new for every server
--- process): known, as the gate passes it (see server.go), or '' to read it
--- from INFO server. It is kept with the epoch ("run_id|switched_at") and
--- with each state ("run"). For keep after a switch, a missing state counts
--- as lost as well (it may never have reached this server). Where INFO is
--- not allowed, runid is '' and only missing states are detected. The
--- epoch is set once per group: a state missing while it exists expired
--- after idle or was lost (the expiry set tells which); with the epoch
--- missing too, this is a first start or Redis lost everything: a gate
--- that passed another server's run_id granted on that one, and the loss
--- is a switch as above (every missing state of the group counts as lost
--- for keep, the loss certain); else it cannot be told from a first start,
--- and the loss is uncertain (see lost_at and UNSURE). Returns
--- the run_id as the gate should know it (noServer where INFO is refused),
--- then runid, epoch, switched.
 local function server(k_epoch, known, keep, now)
   local passed = known
   local ep = redis.call('GET', k_epoch)
   local erun, eat = string.match(ep or '', '^(%w+)|(%d+)$')
-  -- What the gate knows is checked against INFO whenever it is not what
-  -- the epoch says (a first start, a loss, a switch the gate has not seen
-  -- yet): an epoch is never written from a run_id INFO did not give.
   if known == '' or not ep or (known ~= NO_SERVER and erun ~= known) then
     known = NO_SERVER
     local info = redis.pcall('INFO', 'server')
@@ -489,29 +546,11 @@ local function server(k_epoch, known, keep, now)
   return known, runid, epoch, switched
 end
 
--- lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon,
--- span, now): where the next tick of a lost state comes (nil: not lost),
--- and whether the loss is certain (a known server switched, or the state
--- is missing while the group says it should be there). st is the gate
--- hash. A group found without its epoch is new, or Redis lost everything
--- and cannot say so: every state of the group missing within horizon +
--- span (its longest spaced window) counts as lost, uncertain (quotas
--- keep what they hold): no account is granted beside ticks a lost state
--- handed out (TestOwnRedisRestartLosesEveryAccount), and all start a
--- horizon after the epoch, as the first. The expiry set holds until
--- when (that + span), as UNSURE, a name no bucket can have.
 local UNSURE = '{epoch}'
 local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, span, now)
-  -- A state another version of shaper wrote on this server (the run_id
-  -- is this server's, the layout's tag another): its line may not read
-  -- here, so its ticks reach at most now + horizon, as a stale copy's;
-  -- but the counters are this server's and kept their layout: the loss is
-  -- not certain, and the quotas keep what they counted.
   if st.line and st.run and st.run ~= run_of(runid) and string.match(st.run, '(%w*)$') == runid then
     return math.max(last or 0, now + horizon), false
   end
-  -- A state holding a plan and no tick yet (calls planned, none granted)
-  -- lost nothing, unless the group lost its epoch with it.
   if last == nil and (st.plan == false or not epoch or switched) then
     local exp = tonumber(redis.call('ZSCORE', k_expiry, member))
     if not epoch then redis.call('ZADD', k_expiry, now + span + horizon, UNSURE) end
@@ -521,15 +560,11 @@ local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horiz
     local unsure = tonumber(redis.call('ZSCORE', k_expiry, UNSURE))
     if unsure and unsure > now then return math.max(unsure - span, now), false end
   elseif last ~= nil and runid ~= '' and st.run ~= run_of(runid) then
-    -- A stale copy: ticks it lacks reach at most now + horizon.
     return math.max(last, now + horizon), true
   end
   return nil, false
 end
 
--- log_at(l, k, span): the log of a state reset at l, its last k ticks as
--- if spaced at the bucket's pace up to l, so that the next come at that
--- pace.
 local function log_at(l, k, span)
   if k <= 0 then return '' end
   local pace = math.ceil(span / k)
@@ -538,9 +573,6 @@ local function log_at(l, k, span)
   return table.concat(parts, ',')
 end
 
--- note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh): 'wide' and
--- 'wide_at' as widest left them, and the line (when it reads) with the
--- widest tick's entry (see wide_entry).
 local function note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh)
   local fields = {'wide', wide, 'wide_at', fmt(wide_at)}
   local l, n, gm, gc, kept = read_line(line)
@@ -548,12 +580,9 @@ local function note_wide(k_gate, line, wide, wide_at, wiv, wb, wfresh)
   redis.call('HSET', k_gate, unpack(fields))
 end
 
--- warm_since: the moment a warm-up ramp started (nil: none): when the
--- bucket starts after being idle longer than its window (its state gone,
--- or a pause that long ending).
 local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, now)
   if not had_state and warm == nil then
-    warm = last or now -- a lost state's first tick waits the horizon
+    warm = last or now
     redis.call('HSET', k_gate, 'warm', fmt(warm))
   end
   if paused > 0 and pfrom and paused - pfrom > window and (warm or 0) < paused then
@@ -563,9 +592,6 @@ local function warm_since(k_gate, had_state, warm, last, paused, pfrom, window, 
   return warm
 end
 
--- warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval,
--- burst, now): the tick while a warm-up ramp runs (see warm_since), from
--- p.warmup_from to the rate over p.warmup.
 local function warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval, burst, now)
   local warm = warm_since(k_gate, st.line ~= false, tonumber(st.warm), last, paused, tonumber(ctl.pause_from), p.window, now)
   if not warm or now - warm >= p.warmup then return interval, burst end
@@ -582,8 +608,37 @@ end
 // reserveLimitsLua defines the full script's steps for its limits: the
 // spaced counters a costly call puts in use, the counters' earliest
 // start, the in-flight lease, the total's line of ticks.
+//
+// spaced_span(cs): how long a call stays in the spaced counters of cs.
+//
+// counted_spaced(key, cs, costly_until, l, now, state, field): at the
+// first call of more than one unit after calls of one unit only
+// (costly_until past), the spaced counters of cs did not count those
+// calls: count each as spent up to l, the last tick granted (nothing when
+// that is a window ago), and mark the counters in use from now on (field
+// of hash state), so that the next costly call, granted or not, does not
+// count them as spent again.
+//
+// counters_start(k_counts, own, k_total_counts, totals, cost, from,
+// now): the earliest start at or after from every counter in use admits
+// cost more units at, and whether the bucket's line charges a tick's
+// units (a spaced limit without a guard is kept by the spacing alone for
+// calls of one unit, and not counted for them).
+//
+// leased(k_inflight, cap, ttl, lease, tick, now): the call's in-flight
+// lease, until ttl after its tick, unless cap leases are live.
+//
+// total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep,
+// now): the total's line of ticks, one total interval apart: its last
+// tick, the calls on it, and the tick before which none may come
+// (blocked), and whether it was reset. In slot mode (ring > 0) the ticks
+// are slots of a ring bitmap over the horizon, so that a bucket's tick
+// can take any free slot and ticks reserved ahead by other buckets leave
+// no unused gaps; otherwise (very high totals) a line, like a bucket's.
+// Lost with the group, or a stale copy, the total's ticks reach at most
+// now + horizon. k holds the keys (total, slots, counts), ts the total's
+// hash, t its policy.
 const reserveLimitsLua = `
--- spaced_span(cs): how long a call stays in the spaced counters of cs.
 local function spaced_span(cs)
   local w = 0
   for _, c in ipairs(cs) do
@@ -592,13 +647,6 @@ local function spaced_span(cs)
   return w
 end
 
--- counted_spaced(key, cs, costly_until, l, now, state, field): at the
--- first call of more than one unit after calls of one unit only
--- (costly_until past), the spaced counters of cs did not count those
--- calls: count each as spent up to l, the last tick granted (nothing when
--- that is a window ago), and mark the counters in use from now on (field
--- of hash state), so that the next costly call, granted or not, does not
--- count them as spent again.
 local function counted_spaced(key, cs, costly_until, l, now, state, field)
   if costly_until > now then return end
   local span = spaced_span(cs)
@@ -609,11 +657,6 @@ local function counted_spaced(key, cs, costly_until, l, now, state, field)
   end
 end
 
--- counters_start(k_counts, own, k_total_counts, totals, cost, from,
--- now): the earliest start at or after from every counter in use admits
--- cost more units at, and whether the bucket's line charges a tick's
--- units (a spaced limit without a guard is kept by the spacing alone for
--- calls of one unit, and not counted for them).
 local function counters_start(k_counts, own, k_total_counts, totals, cost, from, now)
   local charge = false
   for _, c in ipairs(own) do
@@ -626,8 +669,6 @@ local function counters_start(k_counts, own, k_total_counts, totals, cost, from,
   return from, charge
 end
 
--- leased(k_inflight, cap, ttl, lease, tick, now): the call's in-flight
--- lease, until ttl after its tick, unless cap leases are live.
 local function leased(k_inflight, cap, ttl, lease, tick, now)
   redis.call('ZREMRANGEBYSCORE', k_inflight, '-inf', fmt(now))
   if redis.call('ZCARD', k_inflight) >= cap then return false end
@@ -636,16 +677,6 @@ local function leased(k_inflight, cap, ttl, lease, tick, now)
   return true
 end
 
--- total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep,
--- now): the total's line of ticks, one total interval apart: its last
--- tick, the calls on it, and the tick before which none may come
--- (blocked), and whether it was reset. In slot mode (ring > 0) the ticks
--- are slots of a ring bitmap over the horizon, so that a bucket's tick
--- can take any free slot and ticks reserved ahead by other buckets leave
--- no unused gaps; otherwise (very high totals) a line, like a bucket's.
--- Lost with the group, or a stale copy, the total's ticks reach at most
--- now + horizon. k holds the keys (total, slots, counts), ts the total's
--- hash, t its policy.
 local function total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep, now)
   local tlast, tn, blocked = tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.blocked) or 0
   local stale = runid ~= '' and (ts.run or '') ~= runid and (tlast ~= nil or switched)
@@ -691,8 +722,61 @@ local function total_policy(s)
 end
 `
 
-// reserveLua is the full reserve script's main part: it binds KEYS and
-// ARGV and calls the steps in order.
+// reserveLua is the full reserve script's main part: it binds KEYS
+// (reserveKeyNames) to locals k_* and ARGV (fullArgs) to locals a_*,
+// parses the policy (p) and the total (t, nil without one), and calls the
+// steps in order:
+//
+//  1. The tick (interval, burst): the widest live one (see widest),
+//     widened by adaptation (adapted_tick) and the fair share (fair, see
+//     fair_pace). Hash fields are read by name into st (the gate hash)
+//     and ts (the total's hash), false when not set. A state a newer
+//     shaper wrote (newer_layout) may count what this one cannot read:
+//     nothing of it is granted or written here; its calls wait a horizon
+//     (NEWER_LAYOUT). The control hash (ctl) is read under the gate
+//     hash's mark (st.adapted, see adaptedLua), and for a state made
+//     anew, which gets the mark again if it applies.
+//  2. The state (server, read_line), and whether it was lost. The
+//     counters in use (own, totals): every quota's, and the spaced
+//     limits' while calls of more than one unit come (costly_until: a
+//     span after the last one); see counted_spaced. A call of more than
+//     one unit sets the gate hash's mark: the core script reads
+//     costly_until only under it. A lost state's next tick comes at l
+//     (lost_at; the old one may have granted ticks up to there), its log
+//     rebuilt to match, every spaced counter spent up to l, and each
+//     quota spent for its window when the loss is certain: what the old
+//     state granted is unknown. keep_line(untilv, tag_keep), a local
+//     function: keep_alive, and the line's kept with what it extended
+//     the keys to (a state without a line: its next call extends them).
+//  3. Warm-up (warm_tick): the rate ramps from warmup_from to the rate
+//     over warmup.
+//  4. The total's line of ticks (see total_line).
+//  5. Lanes: while a high call waits for a tick (hi_until), normal calls
+//     step aside.
+//  6. The counters: the earliest start the pause and the counters allow
+//     (start, see counters_start).
+//  7. The earliest tick every line admits (tick, see fit). In a group
+//     with a total, a bucket keeps its own pace: a virtual time vt one
+//     pace apart per unit (its fair share's interval, or its own), rather
+//     than spacing from its actual ticks, so that a tick the total pushed
+//     later does not slow it down further; its own limit then holds by
+//     the log of its last ticks (logged), used while nothing (a lowered
+//     rate, a slower replica) widened the tick. A bucket held to its fair
+//     share reserves only half a horizon ahead (horizon), so that buckets
+//     below their share (which keep the whole horizon) find the total's
+//     slots they need before the others take them.
+//  8. Beyond the horizon, or at the in-flight cap (leased): come back
+//     later, each deferred caller one tick after the one before in its
+//     lane (defer_at, hdefer_at), so that a crowd beyond the horizon
+//     polls once per tick in the order it arrived. At the cap the gate
+//     hash may be new (its 'wide'): it expires as after a grant
+//     (keep_line).
+//  9. Grant: the bucket's state (the line, and the local log: the log
+//     after this tick, nil to leave it as it was), the total's, the
+//     counters, the ticks list, the call's tag (see Bucket.tagged). A margin lesson in force (tol):
+//     the call stamps its start (see startLua), apart from the start
+//     before it by the gap Go makes of the spacing without the guard
+//     (bare, see startGap).
 const reserveLua = `
 local k_gate = KEYS[1]
 local k_control = KEYS[2]
@@ -719,33 +803,27 @@ local a_lease = ARGV[8]
 local a_policy = ARGV[9]
 local a_total = ARGV[10]
 local p = full_policy(a_policy)
-local t = total_policy(a_total) -- nil without a total
+local t = total_policy(a_total)
 local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = a_member}
 local now = now_from(a_now)
 local tiv = t and t.interval or 0
 
--- 1. The tick: the widest live one (see widest), widened by adaptation and
--- the fair share. Hash fields are read by name (false: not set).
 local st = {}
 st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.hdefer_at, st.costly_until,
   st.wide, st.wide_at, st.adapted, st.asked_at, st.asked_rate = unpack(redis.call('HMGET', k_gate, 'line',
   'defer_at', 'vt', 'log', 'plan', 'warm', 'run', 'hi_until', 'hdefer_at', 'costly_until', 'wide', 'wide_at', 'adapted',
   'asked_at', 'asked_rate'))
-local ts = {} -- the total's hash, read by name
+local ts = {}
 if tiv > 0 then
   ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept, ts.share, ts.share_at = unpack(redis.call('HMGET',
     k_total, 'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept', 'share', 'share_at'))
 end
--- A state a newer shaper wrote may count what this one cannot read:
--- nothing of it is granted or written here; its calls wait a horizon.
 if newer_layout(st.run) or newer_layout(ts.run) then
   return {ANSWERED, '', 0, 0, 0, DEFERRED, p.horizon, NEWER_LAYOUT, 0}
 end
 local interval, burst, wide_new, wide_at_new = widest(st.wide, st.wide_at, a_mine, p.interval, p.burst, p.live, now)
 local wiv, wb, wfresh = wide_entry(st.wide, st.wide_at, wide_at_new, p.interval, p.burst, p.live)
 if wide_at_new then note_wide(k_gate, st.line, wide_new or st.wide, wide_at_new, wiv, wb, wfresh) end
--- The control hash is read under the gate hash's mark (see adaptedLua),
--- and for a state made anew, which gets the mark again if it applies.
 local ctl = {}
 if st.adapted or not st.line then
   ctl.paused_until, ctl.rate, ctl.rate_source, ctl.guard, ctl.tol, ctl.pause_from = unpack(redis.call('HMGET', k_control,
@@ -763,9 +841,6 @@ if tiv > 0 and a_member ~= '' then
     asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at}, interval, now)
 end
 
--- 2. The state, and whether it was lost. The counters in use: every
--- quota's, and the spaced limits' while calls of more than one unit come
--- (costly_until: a span after the last one); see counted_spaced.
 local known, runid, epoch, switched = server(k_epoch, a_server, p.keep, now)
 local last, n, gm, gc, kept = read_line(st.line)
 local m = math.floor(now / 60000000)
@@ -777,14 +852,10 @@ if tiv > 0 then totals = counters_in_use(t.limits, a_cost > 1 or total_costly > 
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
-  redis.call('HSET', k_gate, 'adapted', '1') -- the core script reads costly_until only under the mark
+  redis.call('HSET', k_gate, 'adapted', '1')
   counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now, k_gate, 'costly_until')
   if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, tonumber(ts.last), now, k_total, 'costly_until') end
 end
--- A lost state's next tick comes at l (the old one may have granted
--- ticks up to there), its log rebuilt to match, every spaced counter
--- spent up to l, and each quota spent for its window when the loss is
--- certain: what the old state granted is unknown.
 local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, spaced_span(p.limits), now)
 if lost then
   last, n, reason, logs = lost, burst, STATE_RESET, log_at(lost, p.log_len, p.span)
@@ -795,8 +866,6 @@ if lost then
   end
 end
 
--- keep_line(untilv, tag_keep): keep_alive, and the line's kept with what it
--- extended the keys to (a state without a line: its next call extends them).
 local function keep_line(untilv, tag_keep)
   local ext = keep_alive(keys, untilv, kept, paused, p.keep, tag_keep, now)
   if ext and last then
@@ -805,10 +874,8 @@ local function keep_line(untilv, tag_keep)
   end
 end
 
--- 3. Warm-up: the rate ramps from warmup_from to the rate over warmup.
 if p.warmup > 0 then interval, burst = warm_tick(k_gate, st, last, paused, ctl, p, rate, lguard, interval, burst, now) end
 
--- 4. The total's line of ticks (see total_line).
 local tlast, tn, blocked = nil, 0, 0
 if tiv > 0 then
   local reset
@@ -817,26 +884,14 @@ if tiv > 0 then
   if reset then reason = STATE_RESET end
 end
 
--- 5. Lanes: while a high call waits for a tick, normal calls step aside.
 local hi_until = tonumber(st.hi_until) or 0
 if not a_high and hi_until > now then
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {ANSWERED, known, 0, 0, 0, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0}
 end
 
--- 6. The counters: the earliest start the pause and the counters allow.
 local start, charge = counters_start(k_counts, own, k_total_counts, totals, a_cost, math.max(now, paused), now)
 
--- 7. The earliest tick every line admits. In a group with a total, a
--- bucket keeps its own pace: a virtual time vt one pace apart per unit
--- (its fair share's interval, or its own), rather than spacing from its
--- actual ticks, so that a tick the total pushed later does not slow it
--- down further; its own limit then holds by the log of its last ticks
--- (logged), used while nothing (a lowered rate, a slower replica)
--- widened the tick. A bucket held to its fair share reserves only half a
--- horizon ahead, so that buckets below their share (which keep the
--- whole horizon) find the total's slots they need before the others
--- take them.
 local tick = start
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(logs or '', k) else k = 0 end
@@ -853,9 +908,6 @@ tick = fit({last = last, n = n, interval = interval, burst = burst, cost = a_cos
   {iv = tiv, burst = t and t.burst, last = tlast, n = tn, blocked = blocked, ring = t and t.ring, slots = k_slots, horizon = horizon,
     now = now}, tick)
 
--- 8. Beyond the horizon, or at the in-flight cap: come back later, each
--- deferred caller one tick after the one before in its lane, so that a
--- crowd beyond the horizon polls once per tick in the order it arrived.
 if tick - now > horizon then
   if reason == BEYOND_HORIZON and start - now > horizon then
     reason = HELD_BY_LIMIT
@@ -871,14 +923,12 @@ if tick - now > horizon then
   return {ANSWERED, known, 0, 0, 0, DEFERRED, at - now, reason, 0}
 end
 if p.max_in_flight > 0 and not leased(k_inflight, p.max_in_flight, p.lease_ttl, a_lease, tick, now) then
-  -- The gate hash may be new (its 'wide'): it expires as after a grant.
   keep_line(math.max(last or now, now) + p.keep, 0)
   redis.call('HINCRBY', k_stats, 'deferred', 1)
   return {ANSWERED, known, 0, 0, 0, DEFERRED, math.max(interval, 5000), IN_FLIGHT_FULL, 0}
 end
 
--- 9. Grant: the bucket's state, the total's, the counters, the ticks list.
-local log = nil -- the log after this tick (nil: as it was)
+local log = nil
 if tick == last then
   n = n + a_cost
 else
@@ -891,7 +941,7 @@ if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
 if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end -- the call's tag (see Bucket.tagged)
+if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
 keep_line(math.max(tick, tonumber(st.defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, p.keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
@@ -901,9 +951,6 @@ if tiv > 0 then
   total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = t.ring, last = tlast, n = tn,
     kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, p.keep, now)
 end
--- A margin lesson in force (tol): the call stamps its start (see
--- startLua), apart from the start before it by the gap Go makes of the
--- spacing without the guard (see startGap).
 local tol, bare = tonumber(ctl.tol) or 0, 0
 if tol > 0 and burst == 1 then bare = spacing(rate or p.raise.cfg, burst, p.window) end
 return {ANSWERED, known, tol, interval, bare, GRANTED, tick - now, 0, tick}
