@@ -38,12 +38,13 @@ const nowLua = nowFromLua + `
 local function now_us() return now_from(tonumber(ARGV[1])) end
 `
 
-// nowFromLua defines now_from alone.
+// nowFromLua defines now_from alone. TIME's two strings (seconds,
+// microseconds) are made numbers by the arithmetic.
 const nowFromLua = `
 local function now_from(override)
   if override and override > 0 then return override end
   local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2] -- strings made numbers by the arithmetic
+  return t[1] * 1000000 + t[2]
 end
 `
 

@@ -96,7 +96,8 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 // ARGV[3] decrease factor (0..1), ARGV[4] floor rate, ARGV[5] cooldown
 // (µs), ARGV[6] reason, ARGV[7] keep (µs): the hash lives at least this
 // long.
-// Returns the effective rate after the call, as a string.
+// Returns the effective rate after the call, as a string. A failure at or
+// below the old safe rate (lo) means the limit moved: lo is cleared.
 var lowerScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
 extend(KEYS[1], now + tonumber(ARGV[7]), now)
@@ -112,7 +113,7 @@ lo = tonumber(lo)
 if lo and lo < cur and lo > new then
   new = lo
 elseif lo then
-  redis.call('HDEL', KEYS[1], 'lo') -- failed at or below the old safe rate: the limit moved
+  redis.call('HDEL', KEYS[1], 'lo')
 end
 redis.call('HSET', KEYS[1], 'rate', tostring(new), 'hi', tostring(cur), 'last_change', string.format('%d', now),
   'last_decrease', string.format('%d', now), 'rate_reason', ARGV[6], 'rate_source', 'learned')

@@ -101,7 +101,8 @@ var refusedKeyNames = []string{"control", "ticks", "limited", "stats", "gate"}
 // stats hash (refusedKeyNames); ARGV: refusedArgs. Returns {0, lesson,
 // pause left (µs)} within a rate lesson's cooldown; else {1 or 2 (within
 // a margin lesson's cooldown), lesson, rate, guard, lo, ticks, refused
-// ticks, lesson_tick, probe_at, paused_until}.
+// ticks, lesson_tick, probe_at, paused_until}. The cooldown runs from
+// last_decrease, when the last lesson was written (applyLua).
 const refusedLua = `
 local k_control = KEYS[1]
 local k_ticks = KEYS[2]
@@ -128,7 +129,6 @@ redis.call('HSET', k_control, 'last_throttle', string.format('%d', now))
 extend(k_control, now + a_keep, now)
 local last_decrease, lesson, rate, guard, lo, lesson_tick, probe_at, paused_until = unpack(redis.call('HMGET', k_control,
   'last_decrease', 'lesson', 'rate', 'guard', 'lo', 'lesson_tick', 'probe_at', 'paused_until'))
--- last_decrease: when the last lesson was written (applyLua).
 local mode = 1
 if now - (tonumber(last_decrease) or 0) < a_cooldown then
   if lesson == 'rate' then

@@ -81,7 +81,9 @@ func readLimits(ctx context.Context, g *Gate, name, key string, p Policy, spec s
 // KEYS[1] the counters hash. ARGV[1] Redis time override (µs; 0: TIME),
 // ARGV[2] the limits (limitSpec), ARGV[3] the limit (1-based), ARGV[4]
 // the units the vendor says were used in its window, ARGV[5] keep (µs).
-// Returns the units added (0: the gate's own count was as high).
+// Returns the units added (0: the gate's own count was as high). A fill
+// (c.fill: what a lost state may have granted, see counter_fill) was a
+// guess: the vendor's count replaces it.
 var countUsedScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
@@ -93,8 +95,6 @@ local now = now_from(a_now)
 local c = parse_limits(a_limits)[a_limit]
 if c == nil then return 0 end
 counter_load(k_counts, c, now, true)
--- A fill (what a lost state may have granted) was a guess: the vendor's
--- count replaces it.
 if c.fill > 0 then
   local j = tonumber(redis.call('HGET', k_counts, c.id .. ':fill_j'))
   if j then

@@ -35,7 +35,9 @@ const respaceSlack = 100 * time.Millisecond
 // Bucket.mine), ARGV[6] how long a replica's tick counts (µs,
 // replicaLive).
 // Returns 1 when ticks were reserved beyond now + slack (and the respace
-// was published), else 0.
+// was published), else 0. When it writes a new 'wide', the line's entry
+// of the widest tick is zeroed: the next grant reads 'wide' (see
+// wide_entry).
 var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + widestLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_mine, a_live = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -45,8 +47,6 @@ local iv, b = string.match(a_mine, '^(%d+)|(%d+)|')
 local _, _, wide_new = widest(wide, wide_at, a_mine, tonumber(iv), tonumber(b), a_live, now)
 if wide_new then
   redis.call('HSET', k_gate, 'wide', wide_new, 'wide_at', fmt(now))
-  -- The line's entry of the widest tick is zeroed: the next grant reads
-  -- 'wide' (see wide_entry).
   local last, n, gm, gc, kept = read_line(redis.call('HGET', k_gate, 'line'))
   if last then redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept)) end
 end
