@@ -26,17 +26,17 @@ import (
 // code (before that, with the Lua's own comments: core 356, counted 752,
 // reserve 1100).
 var luaCeilings = map[string]int{
-	"coreFunction":    252,
-	"countedFunction": 566, // counter_adopt (G1 across edits)
-	"reserveFunction": 809, // counter_adopt, every account after an epoch made anew, newer_layout
-	"giveUpScript":    194, // counter_adopt
+	"coreFunction":    247,
+	"countedFunction": 555, // counter_adopt (G1 across edits)
+	"reserveFunction": 801, // counter_adopt, every account after an epoch made anew, newer_layout
+	"giveUpScript":    188, // counter_adopt
 	"countUsedScript": 173, // counter_adopt
 	"limitsScript":    160, // counter_adopt
-	"refusedScript":   113,
-	"applyScript":     100,
-	"planScript":      75,
-	"statsScript":     63,
-	"respaceScript":   76, // widest itself (17 lines)
+	"refusedScript":   112,
+	"applyScript":     94,
+	"planScript":      69,
+	"statsScript":     57,
+	"respaceScript":   70, // widest itself (17 lines)
 	"raiseScript":     43,
 	"lineScript":      37,
 	"lowerScript":     33,

@@ -51,10 +51,9 @@ const fmtLua = `
 local function fmt(x) return string.format('%d', x) end
 `
 
-// lineFieldLua defines read_line, line_of, tick_item, tick_of and run_of:
-// how a gate hash keeps its line and the server it was written on, and
-// how the ticks list keeps a tick, for every script that reads or writes
-// them.
+// lineFieldLua defines read_line, line_of and tick_item: how a gate hash
+// keeps its line and how the ticks list keeps a tick, for every script
+// that reads or writes them.
 //
 // The gate hash's 'line' holds eight numbers: the last reserved tick
 // (µs), the calls granted on it, the grants of clock minute gm not yet
@@ -88,18 +87,8 @@ local function fmt(x) return string.format('%d', x) end
 // tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
 // double, 8 bytes) where the line is, else its digits.
 //
-// tick_of(item): the tick of an item (digits too: a list written by a
-// version that kept them so).
-//
 // SPENT is the n of a line whose last tick a respace marked spent: more
 // than any burst, so that the next tick comes one interval after it.
-//
-// run_of(runid): the 'run' a gate hash records, the run_id of the server
-// it was written on, tagged with the state's layout (runTag). An older
-// version takes a state of this one for a stale copy, as this one takes
-// its: a switch between them costs a horizon, and the two never grant at
-// once; a newer one's is not this version's to read or write
-// (newer_layout).
 var lineFieldLua = `
 local packer = nil
 local function pick_form() packer = rawget(_G, 'struct') or false end
@@ -129,14 +118,30 @@ local function tick_item(t)
   if packer then return packer.pack('<d', t) end
   return string.format('%d', t)
 end
+
+local SPENT = 1000000000
+
+`
+
+// tickOfLua defines tick_of(item): the tick of an item of the ticks list
+// (see tick_item; digits too: a list written by a version that kept them
+// so). It needs lineFieldLua.
+const tickOfLua = `
 local function tick_of(item)
   if packer == nil then pick_form() end
   if packer and #item == 8 then return (packer.unpack('<d', item)) end
   return tonumber(item)
 end
+`
 
-local SPENT = 1000000000
-
+// runOfLua defines run_of(runid): the 'run' a gate hash records, the
+// run_id of the server it was written on, tagged with the state's layout
+// (runTag). An older
+// version takes a state of this one for a stale copy, as this one takes
+// its: a switch between them costs a horizon, and the two never grant at
+// once; a newer one's is not this version's to read or write
+// (newer_layout).
+var runOfLua = `
 local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
@@ -456,6 +461,7 @@ local now = now_from(a_now)
 local line, run, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'adapted'))
 if a_server == '' or not line or run ~= a_server then return handover(NEED_STATE) end
 local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
+if last == nil then return handover(NEED_STATE) end
 
 local interval, burst, wide_new, wide_at_new
 interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
@@ -487,7 +493,7 @@ if a_tags ~= '\n' then
 end
 local out = {ANSWERED, '', tol, interval, bare}
 if hi_until > now then
-  redis.call('HINCRBY', k_stats, 'deferred', '1')
+  redis.call('HINCRBY', k_stats, 'deferred', fmt(#tags))
   for _ = 1, #tags do put(out, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0) end
   return out
 end

@@ -164,3 +164,37 @@ func sameTags(t *testing.T, script string, lean, full *Bucket) {
 		}
 	}
 }
+
+// TestCoreHandsOverAnUnreadableLine: a gate hash recorded on this server
+// whose line does not read (the other form of it, or a shorter one) is
+// handed to the full grant, as the counted grant does, not read as a
+// number: the core grant used to fail with a Lua error there.
+func TestCoreHandsOverAnUnreadableLine(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
+	var kinds []string
+	g.testScript = func(kind string) { kinds = append(kinds, kind) }
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, Horizon: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := b.reserve(ctx, Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if kinds[len(kinds)-1] != "core" {
+		t.Fatalf("the common bucket's grants ran %v, want the core grant last", kinds)
+	}
+	if err := rdb.HSet(ctx, b.keys.gate, "line", "not a line").Err(); err != nil {
+		t.Fatal(err)
+	}
+	kinds = nil
+	if _, err := b.reserve(ctx, Request{}); err != nil {
+		t.Fatalf("a grant over an unreadable line: %v", err)
+	}
+	if len(kinds) != 2 || kinds[0] != "core" || kinds[1] != "full" {
+		t.Errorf("a grant over an unreadable line ran %v, want the core grant handing over to the full one", kinds)
+	}
+}

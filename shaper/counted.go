@@ -324,8 +324,8 @@ end
 // (needCostly).
 //
 // It replies as every grant (see replyHeader), for one call.
-var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+countersLua+
-	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
+var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
+	lineFieldLua+runOfLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
 
 // countedLua is the counted grant's main part. It binds KEYS
 // (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,

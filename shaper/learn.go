@@ -144,7 +144,7 @@ return {mode, lesson or '', rate or '', guard or '', lo or '', ticks,
   redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or '', paused_until or ''}
 `
 
-var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + lineFieldLua + refusedLua)
+var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + lineFieldLua + tickOfLua + refusedLua)
 
 // applyArgs is the apply script's ARGV, in order (see applyScript).
 type applyArgs struct {

@@ -390,6 +390,10 @@ func TestHighLaneGoesFirst(t *testing.T) {
 	// So does a batch of them, as one (see runBatch), each told to come
 	// back just after the one before it.
 	batch := make([]Request, 5)
+	before, err := b.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rs, err := b.reserveMany(ctx, batch)
 	if err != nil {
 		t.Fatal(err)
@@ -398,6 +402,15 @@ func TestHighLaneGoesFirst(t *testing.T) {
 		if r.ok || r.reason != behindHigh || (i > 0 && r.wait <= rs[i-1].wait) {
 			t.Fatalf("call %d of a batch while a high one waits: %+v (the one before: %+v)", i+1, r, rs[max(i-1, 0)])
 		}
+	}
+	// Each call of the batch counts as deferred, as one after the other
+	// would.
+	after, err := b.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after.Deferred - before.Deferred; d != int64(len(batch)) {
+		t.Errorf("a batch of %d stepping aside for a high call counted %d deferred", len(batch), d)
 	}
 	clk.advance(hi.wait)
 	hi, err = b.reserve(ctx, Request{Lane: High})

@@ -407,8 +407,8 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // It runs as a Redis function where the server has them (see
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
-var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+minuteCounterLua+spacingLua+extendLua+raiseLua+countersLua+
-	lineFieldLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
+var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+
+	lineFieldLua+runOfLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
 // reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
 // of the full reserve script that only it takes (see groupLua for those
