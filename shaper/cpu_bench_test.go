@@ -21,7 +21,11 @@ import (
 // redis_rate's GCRA script (Allow) on the same Redis, and the Redis
 // commands the scripts run per grant (cmds/grant, every command but
 // EVALSHA and FCALL in commandstats). This, not the client's round
-// trip, bounds how many calls one Redis can shape. The cases:
+// trip, bounds how many calls one Redis can shape. in-cmds is the share
+// of a grant's µs spent in those commands themselves (their own
+// usec in commandstats); the rest is the script's: its call (KEYS, ARGV,
+// the reply), its Lua, and what calling a command from Lua costs beyond
+// the command. The cases:
 //
 //   - common: one limit, no total, one lane (the core script);
 //   - common-tagged: the same with a tag recorded, as the queue's calls
@@ -120,6 +124,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 	time.Sleep(p.Horizon + 100*time.Millisecond)
 	usec := make([]float64, len(cases))
 	cmds := make([]int64, len(cases))
+	inCmds := make([]float64, len(cases)) // µs of the commands the scripts ran
 	b.ResetTimer()
 	for done := 0; done < b.N; done += cpuBlock {
 		n := min(cpuBlock, b.N-done)
@@ -143,6 +148,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 				case "evalsha", "fcall", "function|load", "config|resetstat", "info":
 				default:
 					cmds[k] += cs.calls
+					inCmds[k] += cs.usecPerCall * float64(cs.calls)
 				}
 			}
 		}
@@ -153,6 +159,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 		per := usec[k] / float64(b.N*c.calls)
 		b.ReportMetric(per, c.name+"-µs/grant")
 		b.ReportMetric(float64(cmds[k])/float64(b.N*c.calls), c.name+"-cmds/grant")
+		b.ReportMetric(inCmds[k]/usec[k], c.name+"-in-cmds")
 		if k < len(cases)-1 {
 			b.ReportMetric(per/gcra, c.name+"-x-gcra")
 		}
