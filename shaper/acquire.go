@@ -18,6 +18,7 @@ type Permit struct {
 	bucket  *Bucket
 	lease   string
 	at      int64     // the tick in Redis time (µs)
+	tag     string    // the tag the tick was recorded with (reservation.tag)
 	granted time.Time // local time it was handed out, checked against pauses
 }
 
@@ -31,7 +32,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	lease := p.lease
 	p.lease = ""
-	return p.bucket.giveUp(ctx, lease, "", 0, 1)
+	return p.bucket.giveUp(ctx, lease, "", 0, 1, "")
 }
 
 // Lane is a call's priority within its bucket: a high call goes ahead of
@@ -292,7 +293,7 @@ func (b *Bucket) acquire(ctx context.Context, req Request) (*Permit, error) {
 			// Granted: out of the line, so that the next may ask.
 			queued = false
 			if err := b.leaveLine(ctx, member); err != nil {
-				_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost)
+				_ = b.giveUp(context.WithoutCancel(ctx), r.lease, "", r.tick, req.Cost, r.tag)
 				return nil, err
 			}
 		}

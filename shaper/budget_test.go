@@ -26,13 +26,13 @@ import (
 // code (before that, with the Lua's own comments: core 356, counted 752,
 // reserve 1100).
 var luaCeilings = map[string]int{
-	"coreFunction":    247,
-	"countedFunction": 555, // counter_adopt (G1 across edits)
-	"reserveFunction": 801, // counter_adopt, every account after an epoch made anew, newer_layout
-	"giveUpScript":    188, // counter_adopt
+	"coreFunction":    276, // holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
+	"countedFunction": 584, // counter_adopt (G1 across edits); holders' tags in the ticks list
+	"reserveFunction": 893, // counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4)
+	"giveUpScript":    210, // counter_adopt; unsend (a tick given up keeps its holder's record)
 	"countUsedScript": 173, // counter_adopt
 	"limitsScript":    160, // counter_adopt
-	"refusedScript":   112,
+	"refusedScript":   134, // unsend, and the judge skips kept items
 	"applyScript":     94,
 	"planScript":      69,
 	"statsScript":     57,
@@ -46,6 +46,8 @@ var luaCeilings = map[string]int{
 	"backlogsScript":  17,
 	"startScript":     15,
 	"checkScript":     6,
+	"taggedScript":    70,
+	"untagScript":     60,
 }
 
 // exportCeiling is the most identifiers package shaper may export: its
@@ -78,6 +80,8 @@ func luaTexts() map[string]string {
 		"backlogsScript":  src(backlogsScript),
 		"startScript":     src(startScript),
 		"checkScript":     src(checkScript),
+		"taggedScript":    src(taggedScript),
+		"untagScript":     src(untagScript),
 	}
 }
 

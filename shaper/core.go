@@ -51,9 +51,27 @@ const fmtLua = `
 local function fmt(x) return string.format('%d', x) end
 `
 
-// lineFieldLua defines read_line, line_of and tick_item: how a gate hash
-// keeps its line and how the ticks list keeps a tick, for every script
-// that reads or writes them.
+// formLua defines the form a server's items take: packer (struct where
+// the server's Lua has it, false where it does not; nil until the first
+// line or item is read or written: pick_form() sets it, since a
+// function's library cannot look at globals while it loads, and a plain
+// read of a missing global is an error) and tick_item (see
+// lineFieldLua).
+var formLua = `
+local packer = nil
+local function pick_form() packer = rawget(_G, 'struct') or false end
+
+local function tick_item(t)
+  if packer == nil then pick_form() end
+  if packer then return packer.pack('<d', t) end
+  return string.format('%d', t)
+end
+
+`
+
+// lineFieldLua defines read_line and line_of, and with formLua
+// tick_item: how a gate hash keeps its line and how the ticks list keeps
+// a tick, for every script that reads or writes them.
 //
 // The gate hash's 'line' holds eight numbers: the last reserved tick
 // (µs), the calls granted on it, the grants of clock minute gm not yet
@@ -89,9 +107,7 @@ local function fmt(x) return string.format('%d', x) end
 //
 // SPENT is the n of a line whose last tick a respace marked spent: more
 // than any burst, so that the next tick comes one interval after it.
-var lineFieldLua = `
-local packer = nil
-local function pick_form() packer = rawget(_G, 'struct') or false end
+var lineFieldLua = formLua + `
 
 local function read_line(line)
   if packer == nil then pick_form() end
@@ -113,24 +129,95 @@ local function line_of(last, n, gm, gc, kept, wiv, wb, wfresh)
   return string.format('%d|%d|%d|%d|%d|%d|%d|%d', last, n, gm, gc, kept, wiv, wb, wfresh)
 end
 
-local function tick_item(t)
-  if packer == nil then pick_form() end
-  if packer then return packer.pack('<d', t) end
-  return string.format('%d', t)
-end
 
 local SPENT = 1000000000
 
 `
 
-// tickOfLua defines tick_of(item): the tick of an item of the ticks list
-// (see tick_item; digits too: a list written by a version that kept them
-// so). It needs lineFieldLua.
-const tickOfLua = `
-local function tick_of(item)
+// heldLua defines the items of a ticks list that keeps its holders'
+// tags (see Bucket.tagged). It needs formLua.
+//
+// held_item(t, tag): the item of tick t granted to the holder tag: the
+// packed tick followed by the tag, or the digits, a space and the tag;
+// tick_item(t) for no tag.
+//
+// item_tick(item): the tick of any item (the packed tick, or the leading
+// digits); item_tagged(item): whether it names a holder.
+const heldLua = `
+local function held_item(t, tag)
+  local item = tick_item(t)
+  if tag == '' then return item end
+  if packer then return item .. tag end
+  return item .. ' ' .. tag
+end
+
+local function item_tagged(item)
+  if packer then return #item > 8 end
+  return string.find(item, '[ !]') ~= nil
+end
+
+local function item_tick(item)
   if packer == nil then pick_form() end
-  if packer and #item == 8 then return (packer.unpack('<d', item)) end
-  return tonumber(item)
+  if packer and #item >= 8 and not string.find(item, '^%d+$') then return (packer.unpack('<d', item)) end
+  return tonumber(string.match(item, '^%d+'))
+end
+`
+
+// itemLua defines how the readers of a ticks list read its items, and
+// how a tick leaves the judge's view while its holder's record stays. It
+// needs formLua and heldLua.
+//
+// read_item(item): the item's tick, its holder's tag ("" for none) and
+// whether the tick counts as sent (false for a kept item). An item is a
+// tick alone (tick_item; digits too: a list written by a version that
+// kept them so), a tick and its holder's tag (held_item: the packed
+// tick followed by the tag, or the digits, a space and the tag), or a
+// kept item (kept_item: the same with a NUL byte after the packed tick,
+// or "!" in place of the space).
+//
+// tick_of(item): the tick of an item that counts as sent (nil for a kept
+// one): what judging a rate-limited answer reads.
+//
+// kept_item(t, tag): the item of a tick given up or refused whose
+// holder's record must stay (recover reads it as granted: the safe
+// side), out of the judge's view: a NUL byte after the packed tick, or
+// "!" in place of the space.
+//
+// unsend(key, t, tag): takes the item of tick t, granted to the holder
+// tag, out of the judge's view of the ticks list at key: the item goes,
+// and where it carried a tag a kept item takes its place. An item
+// without the tag (a list whose tags live in the tags set, or one
+// written before tags were kept in it) goes too. Returns whether one
+// went.
+const itemLua = `
+local function read_item(item)
+  if packer == nil then pick_form() end
+  if packer and #item >= 8 and not string.find(item, '^%d+$') then
+    local t = item_tick(item)
+    if string.byte(item, 9) == 0 then return t, string.sub(item, 10), false end
+    return t, string.sub(item, 9), true
+  end
+  local t, sep, tag = string.match(item, '^(%d+)([ !]?)(.*)$')
+  return tonumber(t), tag or '', sep ~= '!'
+end
+
+local function tick_of(item)
+  local t, _, counted = read_item(item)
+  return counted and t or nil
+end
+
+local function kept_item(t, tag)
+  local item = tick_item(t)
+  if packer then return item .. '\0' .. tag end
+  return item .. '!' .. tag
+end
+
+local function unsend(key, t, tag)
+  if tag ~= '' and redis.call('LREM', key, 1, held_item(t, tag)) == 1 then
+    redis.call('LPUSH', key, kept_item(t, tag))
+    return true
+  end
+  return redis.call('LREM', key, 1, tick_item(t)) == 1
 end
 `
 
@@ -147,11 +234,68 @@ local function run_of(runid) return '` + runTag + `' .. runid end
 
 // layout is the version of the gate state's layout this version reads
 // and writes (docs/design.md, "The state's layout"). A state written in
-// a newer one is left alone: its calls wait (BoundUpgrade).
-const layout = 3
+// a newer one is left alone: its calls wait (BoundUpgrade); one written
+// in the layout before it, on the same server, is converted at its first
+// touch (convertLua). Layout 4: a group of one keeps its holders' tags
+// in its ticks list, at the tags key.
+const layout = 4
 
 // runTag tags the run a gate hash records (see run_of).
 var runTag = "l" + strconv.Itoa(layout) + ":"
+
+// convertLua converts the state of a bucket written in the layout before
+// this one (3) at the full grant's first touch, so that an upgrade waits
+// no horizon and loses no record. It needs formLua, heldLua, itemLua and
+// extendLua.
+//
+// PREVIOUS_LAYOUT tags the run of a state in the layout before this one
+// (lost_at takes such a state, written on the same server, as its own).
+//
+// convert_tags(k_tags, k_old, keep, now): a group of one's record of tags
+// (a sorted set at k_tags, scored by tick) and its ticks list (at k_old)
+// become one list at k_tags, newest first: a tag with its tick's item
+// (held_item), or a kept item where the list no longer counted the tick
+// (given up, refused, trimmed: kept_item), and the ticks no tag held.
+// The list keeps the set's expiry. Nothing to do when k_tags is not a
+// set (converted, or never written). A worker of layout 3 reading the
+// list where it expects the set gets WRONGTYPE, and recover falls back
+// on asynq's lease: it never takes a granted call for one never granted.
+var convertLua = `
+local PREVIOUS_LAYOUT = 'l` + strconv.Itoa(layout-1) + `:'
+local function convert_tags(k_tags, k_old, keep, now)
+  local kind = redis.call('TYPE', k_tags)
+  if type(kind) == 'table' then kind = kind.ok end
+  if kind ~= 'zset' then return end
+  local set, left, items = redis.call('ZRANGE', k_tags, 0, -1, 'WITHSCORES'), {}, {}
+  for _, item in ipairs(redis.call('LRANGE', k_old, 0, -1)) do
+    local t = item_tick(item)
+    if t then left[t] = (left[t] or 0) + 1 end
+  end
+  for i = 1, #set, 2 do
+    local t = tonumber(set[i + 1])
+    if (left[t] or 0) > 0 then
+      left[t] = left[t] - 1
+      items[#items + 1] = {t, held_item(t, set[i])}
+    else
+      items[#items + 1] = {t, kept_item(t, set[i])}
+    end
+  end
+  for t, c in pairs(left) do
+    for _ = 1, c do items[#items + 1] = {t, tick_item(t)} end
+  end
+  table.sort(items, function(x, y) return x[1] > y[1] end)
+  local ttl = redis.call('PTTL', k_tags)
+  redis.call('DEL', k_tags, k_old)
+  for i = 1, #items, 500 do
+    local part = {}
+    for j = i, math.min(i + 499, #items) do part[#part + 1] = items[j][2] end
+    redis.call('RPUSH', k_tags, unpack(part))
+  end
+  if #items > 0 then
+    if ttl > 0 then redis.call('PEXPIRE', k_tags, ttl) else extend(k_tags, now + keep, now) end
+  end
+end
+`
 
 // runOf is run_of for the core script's Server argument: the run a state
 // written on server records, or "" when the server is unknown.
@@ -232,10 +376,17 @@ end
 // few times a keep rather than on every grant. Returns what they were
 // extended to, for the line (nil: not extended).
 //
-// log_ticks(key, items, last, len, keep, now): the ticks list (newest
-// first) gets items (tick_item, oldest first; last: the newest's tick);
-// it is cut back to len once it holds tickTrim more, and a list made anew
-// expires keep after the last tick.
+// log_ticks(key, items, last, len, keep, now[, tag_keep]): the ticks
+// list (newest first) gets items (tick_item or held_item, oldest first;
+// last: the newest's tick), and a list made anew expires keep after the
+// last tick. It is cut back to len once it holds tickTrim more; a list
+// that keeps its holders' tags (tag_keep given) keeps a tag tag_keep
+// after its tick too: each time it passes a multiple of tickTrim, its
+// tickTrim oldest items go (twice at most) when none of them is a tag
+// younger than that and at least len stay. A list so keeps what the
+// record of tags must (30 s of tagged grants, whatever the rate) with
+// one LRANGE of tickTrim items per tickTrim grants, and sheds what it
+// holds beyond that by up to 2*tickTrim items per tickTrim grants.
 //
 // fold_granted(key, gm, c, m): c grants of clock minute gm into the
 // stats hash key at minute m: into gm's slot, or the total once gm is
@@ -286,16 +437,26 @@ local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   redis.call('ZREMRANGEBYSCORE', k.expiry, '-inf', now)
   extend(k.expiry, untilv, now)
   if tag_keep > 0 then
-    redis.call('ZREMRANGEBYSCORE', k.tags, '-inf', '(' .. fmt(now - tag_keep))
+    if k.tags ~= k.ticks then redis.call('ZREMRANGEBYSCORE', k.tags, '-inf', '(' .. fmt(now - tag_keep)) end
     extend(k.tags, untilv + tag_keep, now)
   end
   return untilv
 end
 
-local function log_ticks(key, items, last, len, keep, now)
-  local n = redis.call('LPUSH', key, unpack(items))
+local function log_ticks(key, items, last, len, keep, now, tag_keep)
+  local n, trim = redis.call('LPUSH', key, unpack(items)), ` + tickTrimLua + `
   if n == #items then extend(key, last + keep + 1000000, now) end
-  if n > len + ` + tickTrimLua + ` then redis.call('LTRIM', key, 0, len - 1) end
+  if n <= len + trim then return end
+  if not tag_keep then redis.call('LTRIM', key, 0, len - 1) return end
+  if math.floor(n / trim) == math.floor((n - #items) / trim) then return end
+  for _ = 1, 2 do
+    if n - trim < len then return end
+    for _, item in ipairs(redis.call('LRANGE', key, -trim, -1)) do
+      if item_tagged(item) and item_tick(item) >= now - tag_keep then return end
+    end
+    redis.call('LTRIM', key, 0, -trim - 1)
+    n = n - trim
+  end
 end
 
 local function fold_granted(key, gm, c, m)
@@ -402,7 +563,7 @@ func (a coreArgs) argv() []any {
 // It replies as every grant (see replyHeader), a call per tag of the
 // batch, and runs as a Redis function where the server has them (see
 // functions.go).
-var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+lineLua+cacheLua+corePolicyLua, coreLua)
+var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+heldLua+lineLua+cacheLua+corePolicyLua, coreLua)
 
 // corePolicyLua defines core_policy(s): coreArgs.Policy as a table.
 const corePolicyLua = `
@@ -513,8 +674,12 @@ for i = 1, #tags do
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
-    ticks[#ticks + 1] = tick_item(tick)
-    if tags[i] ~= '' then put(tagged, fmt(tick), tags[i]) end
+    if k_ticks == k_tags then
+      ticks[#ticks + 1] = held_item(tick, tags[i])
+    else
+      ticks[#ticks + 1] = tick_item(tick)
+      if tags[i] ~= '' then put(tagged, fmt(tick), tags[i]) end
+    end
   end
   local wait = tick - now
   if code == DEFERRED then wait = at - now end
@@ -525,7 +690,7 @@ local m = math.floor(now / 60000000)
 if #ticks > 0 then
   gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
   redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
-  log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now)
+  log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now, k_ticks == k_tags and p.tag_keep or nil)
   if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
 end
 local untilv = math.max(last, at) + p.keep

@@ -325,7 +325,7 @@ end
 //
 // It replies as every grant (see replyHeader), for one call.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
-	lineFieldLua+runOfLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
+	lineFieldLua+runOfLua+heldLua+lineLua+ringLua+groupLua+cacheLua+policyLua, countedLua)
 
 // countedLua is the counted grant's main part. It binds KEYS
 // (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,
@@ -475,8 +475,12 @@ gc, gm = count_granted(k_stats, 1, m, gm, gc), m
 local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', fmt(vt or tick)}
 if newlog then put(fields, 'log', newlog) end
 redis.call('HSET', k_gate, unpack(fields))
-if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+if k_ticks == k_tags then
+  log_ticks(k_ticks, {held_item(tick, a_tag)}, tick, p.tick_log, p.keep, now, p.tag_keep)
+else
+  if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
+  if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+end
 keep(math.max(tick, tonumber(defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(p.quotas) do counter_add(k_counts, c, tick, 1, p.keep, now) end
 if tiv > 0 then

@@ -616,7 +616,7 @@ func TestGateStateIsSmall(t *testing.T) {
 		}
 		if r.ok {
 			granted++
-			if err := b.giveUp(ctx, r.lease, "", 0, 1); err != nil {
+			if err := b.giveUp(ctx, r.lease, "", 0, 1, ""); err != nil {
 				t.Fatal(err)
 			}
 		}

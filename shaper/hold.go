@@ -95,7 +95,7 @@ func (b *Bucket) drop(ctx context.Context, l *local, h *holder) {
 	l.unhold(h)
 	b.gate.mu.Unlock()
 	if ok {
-		_ = b.giveUp(context.WithoutCancel(ctx), g.r.lease, "", g.r.tick, h.cost)
+		_ = b.giveUp(context.WithoutCancel(ctx), g.r.lease, "", g.r.tick, h.cost, g.r.tag)
 	}
 }
 
@@ -167,7 +167,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 		// A respace was heard while the grant was on its way: drop it
 		// now, with the others (dropHolders), not at its tick.
 		gate.mu.Unlock()
-		if err := b.giveUp(ctx, g.r.lease, gaveUpDropped, g.r.tick, req.Cost); err != nil {
+		if err := b.giveUp(ctx, g.r.lease, gaveUpDropped, g.r.tick, req.Cost, g.r.tag); err != nil {
 			return nil, err
 		}
 		return nil, nil
@@ -187,7 +187,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 		if !ok {
 			cancel()
 			if dropped { // granted before a pause began, or a respace
-				if err := b.giveUp(ctx, cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost); err != nil {
+				if err := b.giveUp(ctx, cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost, cur.r.tag); err != nil {
 					return nil, err
 				}
 			}
@@ -214,7 +214,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 		if late > tolerance {
 			again := l.handOn(h, now)
 			gate.mu.Unlock()
-			if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost); err != nil {
+			if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost, cur.r.tag); err != nil {
 				if again {
 					b.drop(ctx, l, h) // the tick it was handed
 				}
@@ -230,7 +230,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 		if gate.pausedAt(l, now) || gate.respacedSince(l, cur.sent) {
 			// Granted before a pause began (the vendor just said stop), or
 			// at a spacing that has since changed: ask again.
-			if err := b.giveUp(ctx, cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost); err != nil {
+			if err := b.giveUp(ctx, cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost, cur.r.tag); err != nil {
 				return nil, err
 			}
 			return nil, nil
@@ -240,7 +240,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			// to be gap behind, within what is left of the tolerance.
 			wait, ok, err := b.stampStart(ctx, gap, tolerance-max(late, 0))
 			if err == nil && !ok {
-				err = b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost)
+				err = b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost, cur.r.tag)
 				if err == nil {
 					return nil, nil
 				}
@@ -249,7 +249,7 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 				return nil, err
 			}
 			if err := clock.Sleep(ctx, wait); err != nil {
-				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, "", cur.r.tick, req.Cost)
+				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, "", cur.r.tick, req.Cost, cur.r.tag)
 				return nil, err
 			}
 			late += wait
@@ -259,21 +259,21 @@ func (b *Bucket) holdTick(ctx context.Context, l *local, req Request, g held) (*
 			// The job runner's last word on whether it may still start
 			// the call; a round trip it makes uses up tolerance like any.
 			if err := req.Fence(ctx, time.UnixMicro(cur.r.tick)); err != nil {
-				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost)
+				_ = b.giveUp(context.WithoutCancel(ctx), cur.r.lease, gaveUpDropped, cur.r.tick, req.Cost, cur.r.tag)
 				return nil, err
 			}
 			if after := clock.Now(); after.Sub(now) > fenceTrip {
 				late += after.Sub(now)
 				now = after
 				if late > tolerance {
-					if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost); err != nil {
+					if err := b.giveUp(ctx, cur.r.lease, gaveUpLate, cur.r.tick, req.Cost, cur.r.tag); err != nil {
 						return nil, err
 					}
 					return nil, nil
 				}
 			}
 		}
-		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick, granted: now}, nil
+		return &Permit{Tick: cur.tick, Late: max(late, 0), bucket: b, lease: cur.r.lease, at: cur.r.tick, tag: cur.r.tag, granted: now}, nil
 	}
 }
 

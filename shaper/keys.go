@@ -39,10 +39,16 @@ type bucketKeys struct {
 	// (µs).
 	inFlight string
 	// ticks is a list of the ticks granted lately (µs, newest first), at
-	// most a few windows' worth at the configured rate: what a
+	// least a few windows' worth at the configured rate: what a
 	// rate-limited answer is judged against (see judge). Ticks given up
-	// and refused calls are taken out.
+	// and refused calls are taken out of the judge's view. A group of one
+	// keeps its holders' tags in it (held_item): there it is the tags key
+	// itself, and keeps 30 s of grants (see log_ticks).
 	ticks string
+	// oldTicks is where the ticks list of a group of one was before
+	// layout 4 kept its tags in it: the full grant merges what it holds
+	// into the list at its first touch (convert_tags).
+	oldTicks string
 	// limited is a list of the ticks of the last rate-limited calls (µs,
 	// newest first, at most 32).
 	limited string
@@ -77,9 +83,10 @@ type bucketKeys struct {
 	// countersLua), and totalCounts the group's, of its total's limits.
 	counts      string
 	totalCounts string
-	// tags is a sorted set of the tags of the calls granted a tick
-	// (Request.Tag), scored by the tick (µs); entries leave it tagKeep
-	// after their tick (see Bucket.tagged).
+	// tags is the record of the tags of the calls granted a tick
+	// (Request.Tag, see Bucket.tagged): for a group of one its ticks
+	// list; for a group of accounts a sorted set scored by the tick (µs),
+	// whose entries leave it tagKeep after their tick.
 	tags string
 	// check is a short-lived string a server check writes (see
 	// checkScript): a replica refuses the write.
@@ -106,9 +113,13 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 	if bucket != "" {
 		b = func(name string) string { return prefix + ":{" + group + "}:acct:" + bucket + ":" + name }
 	}
+	ticks := b("ticks")
+	if bucket == "" {
+		ticks = g("tags") // a group of one: its holders' tags ride in its ticks (layout 4)
+	}
 	return bucketKeys{
 		gate: b("gate"), control: b("ctl"), stats: g("stats"), inFlight: b("inflight"),
-		ticks: b("ticks"), limited: b("limited"),
+		ticks: ticks, oldTicks: b("ticks"), limited: b("limited"),
 		epoch: g("epoch"), expiry: g("expiry"), total: g("total"), asking: g("asking"), rates: g("rates"), slots: g("slots"), plans: g("plans"),
 		counts: b("counts"), totalCounts: g("total_counts"), tags: g("tags"), check: g("check"), start: b("start"),
 		line: b("line"), lineDue: b("line_due"), lineGone: b("line_gone"),
@@ -119,7 +130,7 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 // reserveKeyNames.
 func (k bucketKeys) reserve() []string {
 	return []string{k.gate, k.control, k.stats, k.inFlight, k.epoch, k.expiry, k.total, k.asking, k.rates,
-		k.slots, k.ticks, k.counts, k.totalCounts, k.tags}
+		k.slots, k.ticks, k.counts, k.totalCounts, k.tags, k.oldTicks}
 }
 
 // pauseChannel is the Pub/Sub channel pauses are announced on.

@@ -82,10 +82,12 @@ type refusedArgs struct {
 	PauseReason string `lua:"pause_reason"` // why, for the stats
 	Channel     string `lua:"channel"`      // pause channel
 	Bucket      string `lua:"bucket"`       // bucket name
+	Tag         string `lua:"tag"`          // the tag the refused call's tick was recorded with ("": none)
+	Log         int    `lua:"log"`          // the ticks judged: the newest Log of the ticks list (Bucket.tickLog)
 }
 
 func (a refusedArgs) argv() []any {
-	return []any{a.Now, a.Tick, a.Cooldown, a.Keep, a.Pause, a.PauseReason, a.Channel, a.Bucket}
+	return []any{a.Now, a.Tick, a.Cooldown, a.Keep, a.Pause, a.PauseReason, a.Channel, a.Bucket, a.Tag, a.Log}
 }
 
 // refusedKeyNames are the refused script's KEYS, in order.
@@ -117,10 +119,12 @@ local a_pause = tonumber(ARGV[5])
 local a_pause_reason = ARGV[6]
 local a_channel = ARGV[7]
 local a_bucket = ARGV[8]
+local a_tag = ARGV[9]
+local a_log = tonumber(ARGV[10])
 local now = now_from(a_now)
 count(k_stats, 'rate_limited', now)
 if a_tick_s ~= '0' then
-  redis.call('LREM', k_ticks, 1, tick_item(a_tick_s + 0))
+  unsend(k_ticks, a_tick_s + 0, a_tag)
   redis.call('LPUSH', k_limited, a_tick_s)
   redis.call('LTRIM', k_limited, 0, 31)
   extend(k_limited, now + a_keep, now)
@@ -138,13 +142,16 @@ if now - (tonumber(last_decrease) or 0) < a_cooldown then
   end
   if lesson == 'margin' then mode = 2 end
 end
-local ticks = redis.call('LRANGE', k_ticks, 0, -1)
-for i, item in ipairs(ticks) do ticks[i] = string.format('%d', tick_of(item)) end
+local ticks = {}
+for _, item in ipairs(redis.call('LRANGE', k_ticks, 0, a_log - 1)) do
+  local t = tick_of(item)
+  if t then ticks[#ticks + 1] = string.format('%d', t) end
+end
 return {mode, lesson or '', rate or '', guard or '', lo or '', ticks,
   redis.call('LRANGE', k_limited, 0, -1), lesson_tick or '', probe_at or '', paused_until or ''}
 `
 
-var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + lineFieldLua + tickOfLua + refusedLua)
+var refusedScript = redis.NewScript(nowLua + extendLua + minuteCounterLua + pauseLua + formLua + heldLua + itemLua + refusedLua)
 
 // applyArgs is the apply script's ARGV, in order (see applyScript).
 type applyArgs struct {
@@ -227,15 +234,16 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	primary := b.policy.Limits[0]
 	cooldown := primary.Window + b.policy.Guard
 	var tick int64
+	var tag string
 	if p != nil {
-		tick = p.at
+		tick, tag = p.at, p.tag
 	}
 	fail := func(err error) (Decision, error) {
 		return Decision{}, fmt.Errorf("shaper: judge a rate-limited answer of %q: %w", b.name, err)
 	}
 	pauseCh := pauseChannel(b.gate.prefix)
 	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
-		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name}
+		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name, Tag: tag, Log: b.tickLog()}
 	res, err := redisonce.Run(ctx, b.gate.rdb, refusedScript, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)

@@ -264,7 +264,7 @@ func simulateLearning(t *testing.T, sc simScenario) simResult {
 				t.Fatal(err)
 			}
 			if !ok {
-				if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 1); err != nil {
+				if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 1, r.tag); err != nil {
 					t.Fatal(err)
 				}
 				res.gaveUp++

@@ -669,7 +669,7 @@ func TestGivenUpTickLeavesTheQuota(t *testing.T) {
 	if err != nil || !r.ok {
 		t.Fatalf("%+v %v", r, err)
 	}
-	if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 3); err != nil {
+	if err := b.giveUp(ctx, r.lease, gaveUpLate, r.tick, 3, r.tag); err != nil {
 		t.Fatal(err)
 	}
 	use, err := b.limitUse(ctx)

@@ -40,6 +40,10 @@ type reservation struct {
 	lease  string
 	// tick is the granted tick in Redis time (µs), for the ticks list.
 	tick int64
+	// tag is the tag the tick was recorded with (the asking call's
+	// Request.Tag): the tick keeps it when it moves to another caller
+	// (handOn), and a give-up or a refusal names it (see unsend).
+	tag string
 	// tolerance is a learned tolerance tighter than the policy's (0: none).
 	tolerance time.Duration
 	// gap is, after a margin lesson, the least gap between this call's
@@ -296,7 +300,7 @@ end
 // script binds each to a local k_<name>, and bucketKeys.reserve returns
 // them in this order (TestScriptBindings keeps the three equal).
 var reserveKeyNames = []string{"gate", "control", "stats", "inflight", "epoch", "expiry", "total",
-	"asking", "rates", "slots", "ticks", "counts", "total_counts", "tags"}
+	"asking", "rates", "slots", "ticks", "counts", "total_counts", "tags", "old_ticks"}
 
 // reserveArgs is what a grant of one call says to the reserve scripts:
 // the full one takes it as fullArgs, the counted one as countedArgs.
@@ -408,7 +412,7 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
 var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+
-	lineFieldLua+runOfLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
+	lineFieldLua+runOfLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
 // reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
 // of the full reserve script that only it takes (see groupLua for those
@@ -549,6 +553,7 @@ end
 local UNSURE = '{epoch}'
 local function lost_at(st, last, epoch, switched, runid, k_expiry, member, horizon, span, now)
   if st.line and st.run and st.run ~= run_of(runid) and string.match(st.run, '(%w*)$') == runid then
+    if st.run == PREVIOUS_LAYOUT .. runid then return nil, false end
     return math.max(last or 0, now + horizon), false
   end
   if last == nil and (st.plan == false or not epoch or switched) then
@@ -792,6 +797,7 @@ local k_ticks = KEYS[11]
 local k_counts = KEYS[12]
 local k_total_counts = KEYS[13]
 local k_tags = KEYS[14]
+local k_old_ticks = KEYS[15]
 local a_now = ARGV[1] + 0
 local a_server = ARGV[2]
 local a_tag = ARGV[3]
@@ -842,6 +848,7 @@ if tiv > 0 and a_member ~= '' then
 end
 
 local known, runid, epoch, switched = server(k_epoch, a_server, p.keep, now)
+if k_ticks == k_tags and st.run ~= run_of(runid) then convert_tags(k_tags, k_old_ticks, p.keep, now) end
 local last, n, gm, gc, kept = read_line(st.line)
 local m = math.floor(now / 60000000)
 local logs, reason = st.log, BEYOND_HORIZON
@@ -940,8 +947,12 @@ local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', f
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+if k_ticks == k_tags then
+  log_ticks(k_ticks, {held_item(tick, a_tag)}, tick, p.tick_log, p.keep, now, p.tag_keep)
+else
+  if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
+  if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
+end
 keep_line(math.max(tick, tonumber(st.defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, p.keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
@@ -1007,7 +1018,7 @@ func (b *Bucket) reserveMany(ctx context.Context, reqs []Request) ([]reservation
 		}
 		for i, r := range rs {
 			if r.ok {
-				if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick, reqs[i].Cost); err != nil {
+				if err := b.giveUp(ctx, r.lease, gaveUpDropped, r.tick, reqs[i].Cost, r.tag); err != nil {
 					return nil, err
 				}
 			}
@@ -1039,6 +1050,11 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
 		if rs, ok, err := b.parseReply(res, len(reqs), server); ok || err != nil {
+			for i := range rs {
+				if rs[i].ok {
+					rs[i].tag = reqs[i].Tag
+				}
+			}
 			return rs, err
 		}
 		b.fullUntil.Store(now.Add(fullFor).UnixNano())
@@ -1065,6 +1081,9 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 				return nil, err
 			}
 			if ok {
+				if rs[0].ok {
+					rs[0].tag = req.Tag
+				}
 				out = append(out, rs[0])
 				continue
 			}
@@ -1084,7 +1103,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			return nil, err
 		}
 		if rs[0].ok {
-			rs[0].lease = lease
+			rs[0].lease, rs[0].tag = lease, req.Tag
 		}
 		if rs[0].server != "" {
 			server = rs[0].server
@@ -1231,17 +1250,18 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 // ARGV[1] Redis time override (unused), ARGV[2] lease id ("" for none),
 // ARGV[3] the counter to add one to ("late", "dropped") or "", ARGV[4]
 // the tick given up (µs; 0: none), ARGV[5] its cost, ARGV[6] the bucket's
-// limits, ARGV[7] the total's (limitSpec; "" without one).
+// limits, ARGV[7] the total's (limitSpec; "" without one), ARGV[8] the
+// tag the tick was recorded with (see unsend).
 // Returns 0.
-var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + lineFieldLua + `
+var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + formLua + heldLua + itemLua + `
 local k_inflight, k_stats, k_ticks, k_counts, k_total_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local a_lease, a_counter = ARGV[2], ARGV[3]
 local a_tick, a_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
-local a_limits, a_total_limits = ARGV[6], ARGV[7]
+local a_limits, a_total_limits, a_tag = ARGV[6], ARGV[7], ARGV[8]
 if a_lease ~= '' then redis.call('ZREM', k_inflight, a_lease) end
 if a_counter ~= '' then redis.call('HINCRBY', k_stats, a_counter, 1) end
 if a_tick > 0 then
-  redis.call('LREM', k_ticks, 1, tick_item(a_tick))
+  unsend(k_ticks, a_tick, a_tag)
   for _, pair in ipairs({{k_counts, a_limits}, {k_total_counts, a_total_limits}}) do
     for _, c in ipairs(parse_limits(pair[2])) do
       local field = c.id .. ':' .. fmt(math.floor(a_tick / c.slot))
@@ -1264,7 +1284,7 @@ const (
 // giveUp frees lease (if any), counts why its tick went unused (if
 // counter is set) and takes the tick out of the ticks list (if tick > 0:
 // a tick granted and never used).
-func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick int64, cost int) error {
+func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick int64, cost int, tag string) error {
 	if lease == "" && counter == "" && tick == 0 {
 		return nil
 	}
@@ -1273,7 +1293,7 @@ func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick 
 		total = b.total.limits
 	}
 	if err := redisonce.Run(ctx, b.gate.rdb, giveUpScript, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
-		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total).Err(); err != nil {
+		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total, tag).Err(); err != nil {
 		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil

@@ -95,7 +95,7 @@ func TestLostReplyChangesStateOnce(t *testing.T) {
 	if err := giveUpScript.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
-	moved, err = lose(giveUpScript.Hash(), func() error { return cb.giveUp(ctx, r.lease, gaveUpLate, r.tick, 1) })
+	moved, err = lose(giveUpScript.Hash(), func() error { return cb.giveUp(ctx, r.lease, gaveUpLate, r.tick, 1, r.tag) })
 	t.Logf("a give-up whose reply was lost: the quota counts %+d; the caller got %v", moved, err)
 	if moved != -1 {
 		t.Errorf("giving one tick up moved the quota by %d units, want -1", moved)

@@ -2,8 +2,10 @@ package shaper
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -457,4 +459,115 @@ func TestNewerLayoutGrantsNothing(t *testing.T) {
 		}
 		holds(t, b, b.keys.gate, b.keys.total, b.keys.counts, b.keys.stats)
 	})
+}
+
+// TestPreviousLayoutConvertsOnFirstTouch: a bucket left by the previous
+// release (layout 3: its run tagged l3:, its holders' tags in a sorted
+// set, its ticks in a list of their own, a tick given up out of the list
+// but its tag still in the set) mid-quota. This release's first grant
+// converts it in place: no horizon's wait (the state is this server's),
+// the next tick after the last one (nothing granted twice), every tag
+// kept with its tick (the given-up one out of the judge's view), the
+// quota counting every unit once, and the old ticks list gone.
+func TestPreviousLayoutConvertsOnFirstTouch(t *testing.T) {
+	rdb, g, clk, p := layoutGate(t)
+	ctx := context.Background()
+	b, err := g.Bucket("acme", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []reservation
+	for len(rs) < 5 {
+		r, err := b.reserve(ctx, Request{Tag: fmt.Sprintf("w|vendor:acme|t%d", len(rs))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			clk.advance(r.wait)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	// Layout 3's state: the set of tags, the ticks list (newest first)
+	// without the given-up fourth tick, the run tagged l3:.
+	run := rdb.HGet(ctx, b.keys.gate, "run").Val()
+	var set []redis.Z
+	var old []any
+	for i := len(rs) - 1; i >= 0; i-- {
+		set = append(set, redis.Z{Score: float64(rs[i].tick), Member: rs[i].tag})
+		if i != 3 {
+			old = append(old, packedTick(rs[i].tick))
+		}
+	}
+	if err := rdb.Del(ctx, b.keys.tags).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, b.keys.tags, set...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.RPush(ctx, b.keys.oldTicks, old...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, b.keys.gate, "run", "l3:"+strings.TrimPrefix(run, runTag)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := b.limitUse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	clk.set(rs[4].tick)
+	r, err := b.reserve(ctx, Request{Tag: "w|vendor:acme|after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iv, _ := b.Policy().Tick()
+	if !r.ok || r.tick != rs[4].tick+iv.Microseconds() {
+		t.Fatalf("the first grant on the converted state: %+v; want the tick one interval (%v) after the last one, %d", r, iv, rs[4].tick)
+	}
+	if got := rdb.HGet(ctx, b.keys.gate, "run").Val(); got != run {
+		t.Errorf("run %q after the conversion, want %q", got, run)
+	}
+	if n := rdb.Exists(ctx, b.keys.oldTicks).Val(); n != 0 {
+		t.Errorf("the old ticks list is still there")
+	}
+	got, err := b.tagged(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var have, want []string
+	for _, tg := range got {
+		have = append(have, fmt.Sprintf("%s@%d", tg.Tag, tg.Tick.UnixMicro()))
+	}
+	for _, x := range append(rs, r) {
+		want = append(want, fmt.Sprintf("%s@%d", x.tag, x.tick))
+	}
+	if fmt.Sprint(have) != fmt.Sprint(want) {
+		t.Errorf("the record after the conversion:\n%v\nwant\n%v", have, want)
+	}
+	judged, err := countedTicks.Run(ctx, rdb, []string{b.keys.ticks}).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantJudged := fmt.Sprint([]int64{r.tick, rs[4].tick, rs[2].tick, rs[1].tick, rs[0].tick})
+	if fmt.Sprint(judged) != wantJudged {
+		t.Errorf("the judge sees %v, want %s (the given-up tick left out)", judged, wantJudged)
+	}
+	after, err := b.limitUse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range after {
+		if after[i].Limit.Window == time.Hour && after[i].Used != before[i].Used+1 {
+			t.Errorf("the hour's quota counts %d units after one more grant, %d before", after[i].Used, before[i].Used)
+		}
+	}
+}
+
+// packedTick is a tick as a ticks list holds it on a Redis with Lua's
+// struct (tick_item): a little-endian double.
+func packedTick(tick int64) string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], math.Float64bits(float64(tick)))
+	return string(b[:])
 }

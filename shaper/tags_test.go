@@ -3,8 +3,11 @@ package shaper
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
@@ -79,16 +82,156 @@ func TestTagRecord(t *testing.T) {
 	if got, want := tagged(0), fmt.Sprint([]string{at(0), at(2), at(3), at(5)}); got != want {
 		t.Errorf("after Untag(t4, t1): %s, want %s", got, want)
 	}
-	// tagKeep after the last tick, one more grant trims everything older.
+	// tagKeep after the last tick, the record holds only the new one.
 	clk.set(ticks["w|vendor:tags|t5"] + tagKeep.Microseconds() + 1)
-	grant(ba, "w|vendor:tags|late")
-	n, err := a.rdb.ZCard(ctx, ba.keys.tags).Result()
-	if err != nil || n != 1 {
-		t.Errorf("the record holds %d entries (%v) tagKeep after the last tick, want 1 (the new one)", n, err)
+	late := grant(ba, "w|vendor:tags|late")
+	want := fmt.Sprint([]string{fmt.Sprintf("w|vendor:tags|late@%d", late)})
+	if got := tagged(0); got != want {
+		t.Errorf("tagKeep after the last tick the record holds %s, want %s (the new one)", got, want)
 	}
 	// A call without a tag is not recorded.
 	grant(ba, "")
-	if n, _ := a.rdb.ZCard(ctx, ba.keys.tags).Result(); n != 1 {
-		t.Errorf("a call without a tag was recorded: %d entries", n)
+	if got := tagged(0); got != want {
+		t.Errorf("after a call without a tag the record holds %s, want %s", got, want)
+	}
+	// A group of one keeps its record in its ticks list (layout 4): a
+	// layout-3 worker reading it as the set it knew gets an error, and
+	// its recover falls back on asynq's lease.
+	if err := a.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: ba.keys.tags, Start: "-inf", Stop: "+inf", ByScore: true}).Err(); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("the tags key read as a sorted set: %v, want WRONGTYPE", err)
+	}
+}
+
+// countedTicks is the judge's view of a ticks list: the ticks of its
+// items that count as sent (tick_of), newest first.
+var countedTicks = redis.NewScript(formLua + heldLua + itemLua + `
+local out = {}
+for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local t = tick_of(item)
+  if t then out[#out + 1] = string.format('%d', t) end
+end
+return out
+`)
+
+// TestTagRecordKeepsItsHalfMinute: a group of one keeps its holders'
+// tags in its ticks list (layout 4), which must still hold every tag of
+// the last tagKeep whatever the rate (recover reads 30 s back), and no
+// more than that and the judge's ticks: 45 s of tagged grants at 100/s,
+// each call at its tick, in simulated time.
+func TestTagRecordKeepsItsHalfMinute(t *testing.T) {
+	rdb, g, clk, _ := layoutGate(t)
+	ctx := context.Background()
+	b, err := g.Bucket("busy", Policy{Limits: []Limit{{Rate: 100, Window: time.Second}}, Horizon: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type grant struct {
+		tag  string
+		tick int64
+	}
+	var granted []grant
+	end := clk.now() + (45 * time.Second).Microseconds()
+	for i := 0; clk.now() < end; {
+		tag := fmt.Sprintf("w|vendor:busy|t%d", i)
+		r, err := b.reserve(ctx, Request{Tag: tag})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.advance(r.wait)
+		if r.ok {
+			granted = append(granted, grant{tag, r.tick})
+			i++
+		}
+	}
+	now := clk.now()
+	var inKeep int64
+	for _, gr := range granted {
+		if gr.tick > now-tagKeep.Microseconds() {
+			inKeep++
+		}
+	}
+	n, err := rdb.LLen(ctx, b.keys.ticks).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d grants, %d in the last %v; the list holds %d", len(granted), inKeep, tagKeep, n)
+	if most := int64(b.tickLog()) + inKeep + 2*tickTrim; n > most {
+		t.Errorf("the ticks list holds %d items, more than the judge's %d and the %d grants of the last %v (+%d)", n, b.tickLog(), inKeep, tagKeep, 2*tickTrim)
+	}
+	after := now - (tagKeep - time.Second).Microseconds()
+	got, err := b.tagged(ctx, time.UnixMicro(after))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, gr := range granted {
+		if gr.tick > after {
+			want = append(want, fmt.Sprintf("%s@%d", gr.tag, gr.tick))
+		}
+	}
+	var have []string
+	for _, tg := range got {
+		have = append(have, fmt.Sprintf("%s@%d", tg.Tag, tg.Tick.UnixMicro()))
+	}
+	if fmt.Sprint(have) != fmt.Sprint(want) {
+		t.Errorf("Tagged(%v ago) holds %d tags, want the %d granted since", tagKeep-time.Second, len(have), len(want))
+	}
+	judged, err := countedTicks.Run(ctx, rdb, []string{b.keys.ticks}).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(judged) < b.tickLog() {
+		t.Errorf("the judge sees %d ticks, want at least %d", len(judged), b.tickLog())
+	}
+}
+
+// TestGiveUpKeepsTheHoldersRecord: a tick given up (or refused) leaves
+// the judge's view of the ticks list, while the record of its holder's
+// tag stays, as the sorted set of tags kept it: recover takes the call
+// for granted (the safe side) until the record expires.
+func TestGiveUpKeepsTheHoldersRecord(t *testing.T) {
+	rdb, g, clk, _ := layoutGate(t)
+	ctx := context.Background()
+	b, err := g.Bucket("gives", Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Horizon: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []reservation
+	for i := 0; len(rs) < 3; i++ {
+		r, err := b.reserve(ctx, Request{Tag: fmt.Sprintf("w|vendor:gives|t%d", len(rs))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			clk.advance(r.wait)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	if err := b.giveUp(ctx, rs[1].lease, gaveUpLate, rs[1].tick, 1, rs[1].tag); err != nil {
+		t.Fatal(err)
+	}
+	judged, err := countedTicks.Run(ctx, rdb, []string{b.keys.ticks}).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprint([]string{fmt.Sprint(rs[2].tick), fmt.Sprint(rs[0].tick)})
+	if fmt.Sprint(judged) != want {
+		t.Errorf("the judge sees ticks %v after the second was given up, want %s", judged, want)
+	}
+	got, err := b.tagged(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var have []string
+	for _, tg := range got {
+		have = append(have, fmt.Sprintf("%s@%d", tg.Tag, tg.Tick.UnixMicro()))
+	}
+	var wantTags []string
+	for i, r := range rs {
+		wantTags = append(wantTags, fmt.Sprintf("w|vendor:gives|t%d@%d", i, r.tick))
+	}
+	if fmt.Sprint(have) != fmt.Sprint(wantTags) {
+		t.Errorf("the record after a give-up holds %v, want %v", have, wantTags)
 	}
 }
