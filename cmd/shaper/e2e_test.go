@@ -524,7 +524,11 @@ func TestOwnRedisMetricsAndHealthz(t *testing.T) {
 	if code, body := get("/healthz"); code != 200 {
 		t.Errorf("/healthz = %d %s with Redis up", code, body)
 	}
-	srvRedis.Kill()
+	// Frozen, not killed: a killed server's port may be taken at once by
+	// another test's server, which would answer the ping.
+	if err := srvRedis.Freeze(); err != nil {
+		t.Fatal(err)
+	}
 	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "redis unreachable") {
 		t.Errorf("/healthz = %d %q with Redis down, want 503", code, body)
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"strings"
 	"sync"
 	"testing"
@@ -203,6 +204,21 @@ func (s *Server) Kill() {
 }
 
 func (s *Server) stop() { s.Kill() }
+
+// Freeze stops the server answering (SIGSTOP) while it keeps its port:
+// a client's commands time out, as with a server that hangs or a network
+// that drops packets. A killed server's port can be taken at once by
+// another test's new server (ports are picked free, then bound), so a
+// test that asserts "Redis is unreachable" freezes rather than kills.
+// The server is killed when the test ends, frozen or not.
+func (s *Server) Freeze() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return fmt.Errorf("redistest: Freeze: the server on %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(syscall.SIGSTOP)
+}
 
 // Restart starts the server again on the same port — empty, or with its
 // append-only file for StartDurable — and waits until it answers.
