@@ -14,9 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
