@@ -174,13 +174,24 @@ func ownServer(tb testing.TB) {
 }
 
 // freePort returns a loopback port that was free a moment ago.
+// taken holds the ports this process's servers were given: a server
+// keeps its port for life (Restart binds it again after a Kill), so no
+// other server of the process may be handed it while it is down.
+var taken sync.Map
+
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if _, dup := taken.LoadOrStore(port, true); !dup {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("redistest: no free port not already given to a server")
 }
 
 func startServer(args ...string) (*Server, error) {
