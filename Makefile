@@ -188,12 +188,12 @@ lint:
 # of their own so that CI can run them beside its other long steps.
 fuzz-short: fuzz-short-input fuzz-short-vendor
 fuzz-short-input:
-	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 50000x -parallel 1 ./config
-	$(GO) test -run '^$$' -fuzz FuzzParseCalls -fuzztime 50000x -parallel 1 ./queue
+	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 20000x -parallel 1 ./config
+	$(GO) test -run '^$$' -fuzz FuzzParseCalls -fuzztime 20000x -parallel 1 ./queue
 fuzz-short-vendor:
-	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 50000x -parallel 1 ./vendorclients
-	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 50000x -parallel 1 ./vendorclients
-	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 50000x -parallel 1 ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzCheckPath -fuzztime 20000x -parallel 1 ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzParseRetryAfter -fuzztime 20000x -parallel 1 ./vendorclients
+	$(GO) test -run '^$$' -fuzz FuzzParseHints -fuzztime 20000x -parallel 1 ./vendorclients
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime 30s ./config
