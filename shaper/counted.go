@@ -16,6 +16,12 @@ import (
 // a line admits, fitting a tick to both the bucket's line and the
 // total's (a line, or a ring of slots: see ringLua), the total's grant.
 //
+// log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now): one
+// call's tick into the ticks list (log_ticks, at most len of them), and
+// its holder's tag where the bucket keeps it: in the same item when the
+// ticks list is the tags key (a vendor's bucket, held_item), else in the
+// group's sorted set of tags.
+//
 // fair_pace(k, g, interval, now): the fair share of the group's total
 // among its buckets with waiting callers (max-min: water-filling),
 // recomputed at most every 250 ms, as µs per call (0: the total does not
@@ -64,6 +70,12 @@ import (
 // at most a second) once the tick passes what they were last extended to
 // (its 'kept', the local tkept), as the bucket's keys are.
 const groupLua = `
+local function log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now)
+  if k_ticks == k_tags then return log_ticks(k_ticks, {held_item(tick, tag)}, tick, len, keep, now, tag_keep) end
+  if len > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, len, keep, now) end
+  if tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), tag) end
+end
+
 local function fair_pace(k, g, interval, now)
   local span = math.max(interval, g.horizon)
   if g.asked_rate ~= g.own or now - (tonumber(g.asked_at) or 0) >= span / 2 then
@@ -475,12 +487,7 @@ gc, gm = count_granted(k_stats, 1, m, gm, gc), m
 local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', fmt(vt or tick)}
 if newlog then put(fields, 'log', newlog) end
 redis.call('HSET', k_gate, unpack(fields))
-if k_ticks == k_tags then
-  log_ticks(k_ticks, {held_item(tick, a_tag)}, tick, p.tick_log, p.keep, now, p.tag_keep)
-else
-  if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-  if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
-end
+log_grant(k_ticks, k_tags, tick, a_tag, p.tick_log, p.keep, p.tag_keep, now)
 keep(math.max(tick, tonumber(defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(p.quotas) do counter_add(k_counts, c, tick, 1, p.keep, now) end
 if tiv > 0 then

@@ -126,6 +126,17 @@ func keysOf(prefix, group, bucket string) bucketKeys {
 	}
 }
 
+// logTag is tag where the bucket keeps its holders' tags in its ticks
+// list (a vendor's bucket, layout 4), else "": a give-up or a refusal
+// then looks for the tick alone (see unsend), without a scan for an
+// item that cannot be there.
+func (k bucketKeys) logTag(tag string) string {
+	if k.ticks != k.tags {
+		return ""
+	}
+	return tag
+}
+
 // reserve lists the reserve script's keys, in the order of
 // reserveKeyNames.
 func (k bucketKeys) reserve() []string {

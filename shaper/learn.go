@@ -243,7 +243,7 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 	}
 	pauseCh := pauseChannel(b.gate.prefix)
 	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
-		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name, Tag: tag, Log: b.tickLog()}
+		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name, Tag: b.keys.logTag(tag), Log: b.tickLog()}
 	res, err := redisonce.Run(ctx, b.gate.rdb, refusedScript, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)

@@ -947,12 +947,7 @@ local fields = {'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh), 'vt', f
 if log then put(fields, 'log', log) end
 redis.call('HSET', k_gate, unpack(fields))
 if a_high and hi_until > 0 then redis.call('HDEL', k_gate, 'hi_until') end
-if k_ticks == k_tags then
-  log_ticks(k_ticks, {held_item(tick, a_tag)}, tick, p.tick_log, p.keep, now, p.tag_keep)
-else
-  if p.tick_log > 0 then log_ticks(k_ticks, {tick_item(tick)}, tick, p.tick_log, p.keep, now) end
-  if a_tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), a_tag) end
-end
+log_grant(k_ticks, k_tags, tick, a_tag, p.tick_log, p.keep, p.tag_keep, now)
 keep_line(math.max(tick, tonumber(st.defer_at) or 0) + p.keep, p.tag_keep)
 for _, c in ipairs(own) do counter_add(k_counts, c, tick, a_cost, p.keep, now) end
 if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_span(own))) end
@@ -1293,7 +1288,7 @@ func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick 
 		total = b.total.limits
 	}
 	if err := redisonce.Run(ctx, b.gate.rdb, giveUpScript, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
-		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total, tag).Err(); err != nil {
+		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total, b.keys.logTag(tag)).Err(); err != nil {
 		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil

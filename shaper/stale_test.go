@@ -501,18 +501,7 @@ func TestPreviousLayoutConvertsOnFirstTouch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rs []reservation
-	for len(rs) < 5 {
-		r, err := b.reserve(ctx, Request{Tag: fmt.Sprintf("w|vendor:acme|t%d", len(rs))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !r.ok {
-			clk.advance(r.wait)
-			continue
-		}
-		rs = append(rs, r)
-	}
+	rs := grantTagged(t, b, clk, 5, "w|vendor:acme|t")
 	// Layout 3's state: the set of tags, the ticks list (newest first)
 	// without the given-up fourth tick, the run tagged l3:.
 	run := rdb.HGet(ctx, b.keys.gate, "run").Val()

@@ -196,18 +196,7 @@ func TestGiveUpKeepsTheHoldersRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rs []reservation
-	for i := 0; len(rs) < 3; i++ {
-		r, err := b.reserve(ctx, Request{Tag: fmt.Sprintf("w|vendor:gives|t%d", len(rs))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !r.ok {
-			clk.advance(r.wait)
-			continue
-		}
-		rs = append(rs, r)
-	}
+	rs := grantTagged(t, b, clk, 3, "w|vendor:gives|t")
 	if err := b.giveUp(ctx, rs[1].lease, gaveUpLate, rs[1].tick, 1, rs[1].tag); err != nil {
 		t.Fatal(err)
 	}
@@ -234,4 +223,23 @@ func TestGiveUpKeepsTheHoldersRecord(t *testing.T) {
 	if fmt.Sprint(have) != fmt.Sprint(wantTags) {
 		t.Errorf("the record after a give-up holds %v, want %v", have, wantTags)
 	}
+}
+
+// grantTagged grants n calls of b tagged prefix0, prefix1, ..., waiting
+// out each deferral in simulated time, and returns their reservations.
+func grantTagged(t *testing.T, b *Bucket, clk *redisClock, n int, prefix string) []reservation {
+	t.Helper()
+	var rs []reservation
+	for len(rs) < n {
+		r, err := b.reserve(context.Background(), Request{Tag: fmt.Sprintf("%s%d", prefix, len(rs))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.ok {
+			clk.advance(r.wait)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	return rs
 }
