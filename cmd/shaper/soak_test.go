@@ -243,7 +243,7 @@ func logBusiestSpan(t *testing.T, reqs []vendorsim.Request, start, from time.Tim
 	sort.Slice(rs, func(i, j int) bool { return rs[i].At.Before(rs[j].At) })
 	best, bi, j := 0, 0, 0
 	for i := range rs {
-		for rs[i].At.Sub(rs[j].At) >= w {
+		for windows.Wall(rs[j].At, rs[i].At) >= w {
 			j++
 		}
 		if i-j+1 > best {

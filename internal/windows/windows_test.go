@@ -3,6 +3,7 @@ package windows
 import (
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func at(ms ...int) []time.Time {
@@ -72,5 +73,38 @@ func TestRateAndGaps(t *testing.T) {
 	}
 	if p := Percentile(g, 50); p != 10*time.Millisecond {
 		t.Errorf("p50 = %v", p)
+	}
+}
+
+// steppedMonotonic returns t with its monotonic clock reading moved by d
+// and its wall clock left: what time.Now returns after the host's wall
+// clock was stepped by -d against its monotonic clock (time.Time offers
+// no way to build one; its layout is wall, ext (the monotonic reading
+// when wall's top bit is set), loc).
+func steppedMonotonic(t *testing.T, at time.Time, d time.Duration) time.Time {
+	p := (*struct {
+		wall uint64
+		ext  int64
+		loc  *time.Location
+	})(unsafe.Pointer(&at))
+	if p.wall&(1<<63) == 0 {
+		t.Fatal("time.Now has no monotonic reading")
+	}
+	p.ext += int64(d)
+	return at
+}
+
+// TestMaxSlidingCountsTheWallClock: two calls a minute apart on the wall
+// clock, the clock vendors and Redis TIME count, whose monotonic
+// readings are 52 s apart (the host's wall clock was stepped 8 s ahead
+// between them) are never in one sliding window of 55 s.
+func TestMaxSlidingCountsTheWallClock(t *testing.T) {
+	a := time.Now()
+	b := steppedMonotonic(t, a.Add(time.Minute), -8*time.Second)
+	if b.Sub(a) != 52*time.Second || b.UnixNano()-a.UnixNano() != int64(time.Minute) {
+		t.Fatalf("the stepped time is %s after by its monotonic reading, %s by its wall clock", b.Sub(a), time.Duration(b.UnixNano()-a.UnixNano()))
+	}
+	if n := MaxSliding([]time.Time{a, b}, 55*time.Second); n != 1 {
+		t.Errorf("%d calls a wall-clock minute apart in a sliding window of 55 s, want 1", n)
 	}
 }
