@@ -140,7 +140,8 @@ end
 // have left the span.
 //
 // counter_add(key, c, t, cost, keep, now) counts cost units at tick t;
-// the key outlives the slot's end by keep.
+// the key outlives the slot's end by keep. A tick in now's slot, not past
+// the newest counted (the usual grant), is one HSET and no table.
 //
 // counter_fill(key, c, t, now) counts c as spent at t: what a lost state
 // may have granted. The fill is kept apart (id..':fill') so that a count
@@ -265,6 +266,10 @@ end
 local function counter_add(key, c, t, cost, keep, now)
   local j = math.floor(t / c.slot)
   c.sum = c.sum + cost
+  if j == c.jn and c.top ~= nil and j <= c.top then
+    c.jn_units = c.jn_units + cost
+    return redis.call('HSET', key, c.id .. ':sum', c.sum, c.id .. ':' .. fmt(j), c.jn_units)
+  end
   local f = {c.id .. ':sum', c.sum}
   if j == c.jn then
     c.jn_units = c.jn_units + cost
@@ -842,9 +847,11 @@ local lguard = tonumber(ctl.guard)
 if not st.adapted and (paused > now or ctl.rate or lguard or ctl.tol) then redis.call('HSET', k_gate, 'adapted', '1') end
 local fair = 0
 if tiv > 0 and a_member ~= '' then
-  fair = fair_pace({gate = k_gate, total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = t.own_rate,
+  local asked
+  fair, asked = fair_pace({total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = t.own_rate,
     rate = t.rate, span = t.span, horizon = p.horizon, keep = p.keep, asked_at = st.asked_at,
     asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at}, interval, now)
+  if asked then redis.call('HSET', k_gate, 'asked_at', fmt(now), 'asked_rate', t.own_rate) end
 end
 
 local known, runid, epoch, switched = server(k_epoch, a_server, p.keep, now)
