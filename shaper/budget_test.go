@@ -26,8 +26,8 @@ import (
 // code (before that, with the Lua's own comments: core 356, counted 752,
 // reserve 1100).
 var luaCeilings = map[string]int{
-	"coreFunction":    276, // holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
-	"countedFunction": 613, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA)
+	"coreFunction":    281, // scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
+	"countedFunction": 615, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA)
 	"reserveFunction": 907, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4)
 	"giveUpScript":    214, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
 	"countUsedScript": 177, // counter_adopt; counter_add without a table

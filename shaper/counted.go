@@ -351,19 +351,6 @@ end
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
 	lineFieldLua+runOfLua+heldLua+lineLua+ringLua+groupLua+cacheLua+policyLua+scratchLua, countedLua)
 
-// scratchLua defines scratch: the tables the counted grant passes to
-// fair_pace, fit, keep_alive and total_granted, made once per library
-// (a function's library lives on between calls) and filled, every field
-// of them, on every call; the lists of fields it writes to the gate and
-// total hashes (gate_fields, total_fields), emptied on every call; and
-// none, an empty list never written. A table made per call cost about
-// what a Redis command from Lua does: the two fair_pace took cost 0.09x
-// GCRA's Redis CPU in BenchmarkRedisCPU's per-account case.
-const scratchLua = `
-local scratch = {fair_keys = {}, fair = {}, fit_line = {}, fit_total = {}, total_keys = {}, total = {}, keep_keys = {},
-  gate_fields = {}, total_fields = {}, total_state = {}, none = {}}
-`
-
 // countedLua is the counted grant's main part. It binds KEYS
 // (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,
 // and parses the policy (p) and the total (tot). Then, in order:
@@ -466,8 +453,7 @@ for _, c in ipairs(tot and tot.quotas or scratch.none) do
   start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
 end
 
-local tick, pace, tfields = start, math.floor(interval / burst), scratch.total_fields
-for i = #tfields, 1, -1 do tfields[i] = nil end
+local tick, pace, tfields = start, math.floor(interval / burst), emptied(scratch.total_fields)
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
 local vt = nil
@@ -490,8 +476,7 @@ tick = fit(fs, ft, tick)
 
 local kk = scratch.keep_keys
 kk.gate, kk.control, kk.ticks, kk.expiry, kk.tags, kk.member = k_gate, k_control, k_ticks, k_expiry, k_tags, a_member
-local gf = scratch.gate_fields
-for i = #gf, 1, -1 do gf[i] = nil end
+local gf = emptied(scratch.gate_fields)
 if asked then put(gf, 'asked_at', fmt(now), 'asked_rate', p.own_rate) end
 
 if tick - now > horizon then
