@@ -49,9 +49,9 @@ func (w *Worker) Apply(vendors []Vendor) (notes []string, err error) {
 			p.notes = append(p.notes, fmt.Sprintf("vendor %s added", v.Name))
 			continue
 		}
-		b, err := w.gate.Bucket(bucketName(v.Name), v.Policy)
+		b, err := vendorBucket(w.gate, v)
 		if err != nil {
-			return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
+			return nil, err
 		}
 		p.changed[v.Name] = b
 		sh, err := w.shapeOf(v)

@@ -263,10 +263,25 @@ func NewWorker(rdb redis.UniversalClient, cfg WorkerConfig) (*Worker, error) {
 	return w, nil
 }
 
-func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
-	bucket, err := w.gate.Bucket(bucketName(v.Name), v.Policy)
+// vendorBucket is v's vendor-level bucket: the one a vendor's calls
+// are shaped by, and for a per-account vendor the one its worker reads
+// and clears its accounts' record of held calls through (recover), which
+// it keeps in the group's set with theirs (gatehook.TagsInSet).
+func vendorBucket(gate *shaper.Gate, v Vendor) (*shaper.Bucket, error) {
+	b, err := gate.Bucket(bucketName(v.Name), v.Policy)
 	if err != nil {
 		return nil, fmt.Errorf("queue: vendor %s: %w", v.Name, err)
+	}
+	if v.PerAccount {
+		gatehook.TagsInSet(b)
+	}
+	return b, nil
+}
+
+func (w *Worker) newRuntime(v Vendor) (*vendorRuntime, error) {
+	bucket, err := vendorBucket(w.gate, v)
+	if err != nil {
+		return nil, err
 	}
 	client, err := vendorclients.New(v.Endpoint, bucket,
 		vendorclients.Options{MaxWait: w.cfg.MaxWait, Base: w.cfg.Transport, Logger: w.log, Observer: w.cfg.Observer})

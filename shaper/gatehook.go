@@ -23,6 +23,9 @@ func init() {
 	gatehook.Unline = func(ctx context.Context, b any, members ...string) error {
 		return b.(*Bucket).unline(ctx, members...)
 	}
+	gatehook.TagsInSet = func(b any) {
+		b.(*Bucket).keys.ticks = b.(*Bucket).keys.oldTicks
+	}
 	gatehook.Plan = func(ctx context.Context, b any, n int) (time.Duration, time.Duration, error) {
 		return b.(*Bucket).plan(ctx, n)
 	}

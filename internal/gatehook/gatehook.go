@@ -58,6 +58,15 @@ var (
 	Lined func(ctx context.Context, bucket any) ([]string, error)
 	// Unline takes members out of the line of bucket (a *shaper.Bucket).
 	Unline func(ctx context.Context, bucket any, members ...string) error
+	// TagsInSet keeps the record of tagged calls of bucket (a
+	// *shaper.Bucket made by Gate.Bucket) in its group's sorted set of
+	// tags rather than in its ticks list: the vendor-level bucket of a
+	// per-account vendor, whose group's accounts record their calls in
+	// that set, which recover reads through this bucket. Call it before
+	// the bucket is used. Without it, that bucket's first grant took the
+	// set for a previous layout's record and turned it into its ticks
+	// list, and every account's grant failed on it (WRONGTYPE).
+	TagsInSet func(bucket any)
 	// Plan says when n calls of bucket (a *shaper.Bucket), queued now
 	// behind those planned before, can expect their ticks: the first
 	// after first, then one every pace (the bucket's effective rate, or
