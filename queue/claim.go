@@ -34,10 +34,15 @@ const (
 	// dies before it releases it: far longer than a chunk takes to queue
 	// (claimSafe).
 	claimKeep = time.Minute
-	// claimSafe bounds the time from claiming a chunk's ids to queueing
-	// the last of them: past it, the rest of the chunk is not queued (its
-	// claims could be about to lapse).
+	// claimSafe bounds the time from claiming a chunk's ids, or from
+	// renewing their claims, to queueing the next of them: past it, the
+	// rest of the chunk is not queued (its claims could be about to lapse).
 	claimSafe = claimKeep / 2
+	// renewEvery is how often an enqueue under way renews what it holds:
+	// the claims of the ids it has still to queue, and the room reserved
+	// in the queue_limit of the vendors it has still to queue. A busy
+	// Redis slows a chunk down; it does not fail it.
+	renewEvery = claimSafe / 3
 	// claimStale is the age past which a claim whose call is in no lane
 	// is stale: its holder stopped queueing (claimSafe) and any write it
 	// had sent has landed; other enqueues drop it.
@@ -52,7 +57,7 @@ const (
 	chunkSize = 1000
 	// roomKeep is how long a reservation of room holds unless renewed
 	// (a long request renews those of the vendors it has still to queue,
-	// between chunks, every quarter of it) or released.
+	// every renewEvery) or released.
 	roomKeep = time.Minute
 )
 
@@ -114,6 +119,34 @@ end
 return n
 `)
 
+// renewClaimsScript moves the claims an enqueue still holds to Redis's
+// time now, so that no other enqueue takes them for stale while a long
+// chunk (a busy Redis) queues their calls. A claim is renewed only as it
+// was made (its score unchanged): one that another enqueue dropped as
+// stale is not taken back.
+//
+// KEYS[1] the vendor's claims. ARGV[1] keep (ms), then pairs ARGV[2k]
+// the score held, ARGV[2k+1] id.
+// Returns {now (ms), the number of claims renewed}.
+var renewClaimsScript = redis.NewScript(`
+local k_claims = KEYS[1]
+local keep = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+for i = 2, #ARGV, 2 do
+  local held, id = tonumber(ARGV[i]), ARGV[i + 1]
+  if tonumber(redis.call('ZSCORE', k_claims, id)) == held then
+    redis.call('ZADD', k_claims, string.format('%d', now * 2 + held % 2), id)
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('PEXPIRE', k_claims, keep)
+end
+return {now, n}
+`)
+
 // laneBit is a lane's bit in a claim's score.
 func laneBit(l shaper.Lane) int64 {
 	if l == shaper.High {
@@ -158,6 +191,36 @@ func (c *Client) claimIDs(ctx context.Context, vendor string, ids []string, lane
 		out[i] = idClaim{lane: l, at: s / 2, score: s}
 	}
 	return res[0], out, nil
+}
+
+// renewClaims renews the claims of ids this enqueue holds, each with the
+// score it was made with (scores, updated to the new ones). A claim lost
+// (dropped by another enqueue as stale) is an error: the calls not
+// queued yet are not.
+func (c *Client) renewClaims(ctx context.Context, vendor string, ids []string, scores []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 1+2*len(ids))
+	args = append(args, claimKeep.Milliseconds())
+	for i, id := range ids {
+		args = append(args, strconv.FormatInt(scores[i], 10), id)
+	}
+	res, err := redisonce.Run(ctx, c.rdb, renewClaimsScript, []string{claimsKey(c.cfg.KeyPrefix, vendor)}, args...).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("queue: renew the claims of %d ids on %s: %w", len(ids), vendor, err)
+	}
+	if len(res) != 2 {
+		return fmt.Errorf("queue: renew claims on %s: unexpected reply of %d values", vendor, len(res))
+	}
+	if res[1] != int64(len(ids)) {
+		return fmt.Errorf("queue: %d of the claims on %d ids of %s lapsed while they were queued (Redis took over %s to answer); the calls not queued yet were not, post them again",
+			int64(len(ids))-res[1], len(ids), vendor, claimSafe)
+	}
+	for i := range scores {
+		scores[i] = res[0]*2 + scores[i]%2
+	}
+	return nil
 }
 
 // dropStale drops the claims of ids as they were seen (scores).

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -528,4 +529,122 @@ func TestRoomReservation(t *testing.T) {
 		t.Fatalf("reserve 5 of 5 once released: %v", err)
 	}
 	c.release(ctx, r2)
+}
+
+// slowEnqueues delays the answer of asynq's enqueue scripts on keys
+// starting with prefix, by delay(n) after the n-th that succeeds (from
+// 1): a busy Redis.
+type slowEnqueues struct {
+	prefix string
+	delay  func(n int) time.Duration
+	n      *atomic.Int64
+}
+
+func (slowEnqueues) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		err := next(ctx, cmd)
+		if err == nil && len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+			if s, ok := args[3].(string); ok && strings.HasPrefix(s, h.prefix+"t:") {
+				time.Sleep(h.delay(int(h.n.Add(1))))
+			}
+		}
+		return err
+	}
+}
+func (h slowEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestSlowRedisSlowsABatchDown: a batch whose calls Redis queues slowly
+// (30 ms each, 3 s for the chunk, over claimSafe) is queued whole: the
+// enqueue renews the claims of the ids it has still to queue as it goes
+// (the last id's is younger at the 90th call than at the first), and leaves none.
+// CI once failed a 1,500-call enqueue on a loaded machine at claimSafe.
+func TestSlowRedisSlowsABatchDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("slowredis", policy(10), 500, http.NotFoundHandler())
+	rdb := e.rdb()
+	key := claimsKey(e.prefix, v)
+	reader := e.rdb()
+	var renewed atomic.Bool
+	var first float64
+	delay := func(n int) time.Duration {
+		ctx := context.Background()
+		last, err := reader.ZScore(ctx, key, "s-099").Result() // the last id to be queued
+		switch {
+		case err != nil:
+		case n == 1:
+			first = last
+		case n == 90 && last > first:
+			renewed.Store(true)
+		}
+		return 30 * time.Millisecond
+	}
+	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", delay: delay, n: new(atomic.Int64)})
+	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
+	defer c.Close()
+	c.claimSafe, c.renewEvery = 2*time.Second, 200*time.Millisecond
+	calls := make([]Call, 100)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("s-%03d", i), Path: "/s"}
+	}
+	start := time.Now()
+	res, err := c.EnqueueBatch(context.Background(), v, calls)
+	if err != nil || res.Enqueued != len(calls) {
+		t.Fatalf("%d of %d queued in %s: %v", res.Enqueued, len(calls), time.Since(start).Round(time.Millisecond), err)
+	}
+	if !renewed.Load() {
+		t.Error("the last id's claim was as old at the 90th call as at the first: not renewed")
+	}
+	if n, err := rdb.ZCard(context.Background(), key).Result(); err != nil || n != 0 {
+		t.Errorf("%d claims left after the batch (%v), want 0", n, err)
+	}
+}
+
+// TestStalledRedisStopsABatch: a Redis that does not answer one enqueue
+// for longer than claimSafe (the claims of the rest could lapse, and
+// another request queue their ids in the other lane) stops the batch:
+// the calls queued are said queued, the rest not queued with the reason,
+// no claim is left, and posting the batch again queues the rest once.
+func TestStalledRedisStopsABatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v := e.vendor("stalled", policy(10), 0, http.NotFoundHandler())
+	rdb := e.rdb()
+	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", n: new(atomic.Int64), delay: func(n int) time.Duration {
+		if n == 10 {
+			return 1500 * time.Millisecond
+		}
+		return 0
+	}})
+	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
+	defer c.Close()
+	c.claimSafe, c.renewEvery = time.Second, 200*time.Millisecond
+	calls := make([]Call, 30)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("t-%03d", i), Path: "/t"}
+	}
+	ctx := context.Background()
+	res, err := c.EnqueueBatch(ctx, v, calls)
+	if err == nil || !strings.Contains(err.Error(), "could lapse") {
+		t.Fatalf("a 1.5 s stall with claimSafe 1 s: %v, want the batch stopped", err)
+	}
+	if res.Enqueued != 10 {
+		t.Errorf("%d queued, want the 10 up to the stall", res.Enqueued)
+	}
+	for i, call := range res.Calls {
+		if want := i < 10; (call.State == StateQueued) != want || (call.State == StateNotQueued && call.Err == nil) {
+			t.Errorf("call %d: %s (%v)", i, call.State, call.Err)
+		}
+	}
+	if n, _ := rdb.ZCard(ctx, claimsKey(e.prefix, v)).Result(); n != 0 {
+		t.Errorf("%d claims left after the stopped batch, want 0", n)
+	}
+	again, err := e.newClient().EnqueueBatch(ctx, v, calls)
+	if err != nil || again.Enqueued != 20 || again.AlreadyQueued != 10 {
+		t.Errorf("the batch again: %d queued, %d already (%v), want 20 and 10", again.Enqueued, again.AlreadyQueued, err)
+	}
 }

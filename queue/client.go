@@ -196,6 +196,8 @@ type Client struct {
 	gate    *shaper.Gate // plans per-account backlogs
 	signals signaller    // tells workers which vendors have work
 	stamps  stamper      // the calls' enqueue stamps
+	// claimSafe and renewEvery are the constants, but for a test.
+	claimSafe, renewEvery time.Duration
 }
 
 // NewClient returns a client on rdb. Close it when done; it never closes
@@ -218,7 +220,7 @@ func NewClient(rdb redis.UniversalClient, cfg ClientConfig) *Client {
 		gate = shaper.NewGate(rdb, shaper.Config{KeyPrefix: cfg.KeyPrefix})
 	}
 	c := &Client{rdb: rdb, aq: asynq.NewClientFromRedisClient(rdb), vendors: map[string]Vendor{}, cfg: cfg,
-		gate: gate, signals: signaller{last: map[string]time.Time{}}}
+		gate: gate, signals: signaller{last: map[string]time.Time{}}, claimSafe: claimSafe, renewEvery: renewEvery}
 	for _, v := range cfg.Vendors {
 		c.vendors[v.Name] = v
 	}
@@ -441,13 +443,13 @@ func (c *Client) EnqueueTask(ctx context.Context, to Target, t *asynq.Task, opts
 	mine, err := c.claimCalls(ctx, to.Vendor, calls, []int{0}, &res)
 	switch {
 	case err != nil:
-		if mine[0] {
+		if mine[0] != 0 {
 			c.releaseClaims(ctx, to.Vendor, []string{id})
 		}
 		return nil, err
 	case res.Calls[0].State == StateAlreadyQueued:
 		return nil, fmt.Errorf("%w (%s, %s lane)", ErrDuplicate, to.Vendor, res.Calls[0].Lane)
-	case !mine[0]:
+	case mine[0] == 0:
 		return nil, res.Calls[0].Err
 	}
 	info, err := c.enqueueTask(ctx, to, t, opts...)
@@ -723,18 +725,11 @@ func (c *Client) enqueueGroups(ctx context.Context, calls []Call, groups []vendo
 			return res.failed(err)
 		}
 	}
-	renewed := time.Now()
+	up := &upkeep{at: time.Now()}
 	for g, grp := range groups {
+		up.rooms = held[g:] // a long request keeps the room of the vendors still to come
 		for start := 0; start < len(grp.idx); start += chunkSize {
-			if time.Since(renewed) > roomKeep/4 { // a long request: keep the room of the vendors still to come
-				for _, r := range held[g:] {
-					if err := c.renew(ctx, r); err != nil {
-						return res.failed(err)
-					}
-				}
-				renewed = time.Now()
-			}
-			if err := c.enqueueChunk(ctx, grp.vendor, calls, grp.idx[start:min(start+chunkSize, len(grp.idx))], &res); err != nil {
+			if err := c.enqueueChunk(ctx, grp.vendor, calls, grp.idx[start:min(start+chunkSize, len(grp.idx))], up, &res); err != nil {
 				return res.failed(err)
 			}
 		}
@@ -763,11 +758,22 @@ func (r BatchResult) failed(err error) (BatchResult, error) {
 	return r, err
 }
 
+// upkeep is what an enqueue under way renews every renewEvery: the room
+// reserved for the vendors it has still to queue, and the claims of the
+// chunk's ids it has still to queue.
+type upkeep struct {
+	rooms []*reservation // of the vendors still to queue, this one first
+	at    time.Time      // when the rooms were last renewed (or reserved)
+}
+
 // enqueueChunk queues the calls of vendor at idx: it claims their ids,
 // leaves out those already queued, plans the rest (a per-account
-// vendor) and queues them in order, recording each in res.
-func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) error {
-	start := time.Now()
+// vendor) and queues them in order, recording each in res. Every
+// c.renewEvery it renews what up holds and the claims it has still to
+// use; past c.claimSafe from the last renewal (a Redis that did not
+// answer), it stops.
+func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, idx []int, up *upkeep, res *BatchResult) error {
+	start := time.Now()                       // the claims are made after it
 	firstOf := make(map[string]int, len(idx)) // an id's first call in the chunk
 	var claiming []int
 	var again []int // calls whose id came earlier in the chunk
@@ -794,7 +800,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 	}
 	var todo []int // the calls to queue, in order
 	for _, i := range idx {
-		if calls[i].ID == "" || mine[i] {
+		if calls[i].ID == "" || mine[i] != 0 {
 			todo = append(todo, i)
 		}
 	}
@@ -821,10 +827,42 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 	}
 	var done []string // ids queued now: their calls hold them, their claims go at the end
 	defer func() { c.releaseClaims(ctx, vendor, done) }()
+	renew := func(k int) error {
+		if time.Since(start) > c.claimSafe {
+			return fmt.Errorf("queue: queueing calls on %s: Redis took over %s to answer, and the claims of the %d ids not queued yet could lapse; they were not queued, post them again",
+				vendor, c.claimSafe, len(unqueued(k)))
+		}
+		now := time.Now()
+		for _, r := range up.rooms {
+			if err := c.renew(ctx, r); err != nil {
+				return err
+			}
+		}
+		up.at = now
+		var ids []string
+		var scores []int64
+		for _, i := range todo[k:] {
+			if mine[i] != 0 {
+				ids, scores = append(ids, calls[i].ID), append(scores, mine[i])
+			}
+		}
+		if err := c.renewClaims(ctx, vendor, ids, scores); err != nil {
+			return err
+		}
+		for _, i := range todo[k:] {
+			if mine[i] != 0 {
+				mine[i], scores = scores[0], scores[1:]
+			}
+		}
+		start = now
+		return nil
+	}
 	for k, i := range todo {
-		if time.Since(start) > claimSafe {
-			c.releaseClaims(ctx, vendor, unqueued(k))
-			return fmt.Errorf("queue: queueing %d calls on %s took over %s; the calls not queued yet were not, post them again", len(idx), vendor, claimSafe)
+		if time.Since(start) > c.renewEvery || time.Since(up.at) > c.renewEvery {
+			if err := renew(k); err != nil {
+				c.releaseClaims(ctx, vendor, unqueued(k))
+				return err
+			}
 		}
 		id, err := c.enqueueChecked(ctx, calls[i], at[k])
 		switch {
@@ -839,7 +877,7 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 			res.Enqueued++
 			res.IDs = append(res.IDs, id)
 		}
-		if mine[i] {
+		if mine[i] != 0 {
 			done = append(done, calls[i].ID)
 		}
 	}
@@ -857,14 +895,14 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 
 // claimCalls claims the ids of the calls at idx (each id once) and
 // returns those whose claim this enqueue holds and whose id is in neither
-// of the vendor's lanes: the calls to queue. A call whose id is queued, in either lane, is recorded in
+// of the vendor's lanes, each with its claim's score: the calls to queue. A call whose id is queued, in either lane, is recorded in
 // res as already queued. A call whose id another request holds is waited
 // for, up to claimWait: once that call is in its lane it is already
 // queued; if the claim goes away (that request failed) it is claimed
 // again; past claimWait it is not queued (ErrInProgress). A claim whose
 // holder gave up (claimStale) is dropped and the id claimed again.
-func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]bool, error) {
-	mine := make(map[int]bool, len(idx))
+func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, idx []int, res *BatchResult) (map[int]int64, error) {
+	mine := make(map[int]int64, len(idx))
 	deadline := time.Now().Add(claimWait)
 	for len(idx) > 0 {
 		ids := make([]string, len(idx))
@@ -883,7 +921,7 @@ func (c *Client) claimCalls(ctx context.Context, vendor string, calls []Call, id
 		var whose [2][]int   // k of each key
 		for k, cl := range claims {
 			if cl.mine {
-				mine[idx[k]] = true
+				mine[idx[k]] = cl.score
 			}
 			for _, l := range []shaper.Lane{shaper.Normal, shaper.High} {
 				if cl.mine || cl.lane == l {
