@@ -153,6 +153,7 @@ func TestLongThreeWorkersAndAKill(t *testing.T) {
 		w, _ := startWorker(t, cfg)
 		workers = append(workers, w)
 	}
+	enqueueAt := time.Now()
 	out, err := runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
 	if err != nil {
 		t.Fatalf("enqueue: %v\n%s", err, out)
@@ -160,6 +161,7 @@ func TestLongThreeWorkersAndAKill(t *testing.T) {
 	if !strings.Contains(out, fmt.Sprintf("enqueued %d, already queued 0", n)) {
 		t.Fatalf("enqueue printed %q", out)
 	}
+	t.Logf("the CLI queued %d calls in %s, three workers running", n, time.Since(enqueueAt).Round(time.Millisecond))
 	// Re-running the same file queues nothing twice.
 	out, err = runShaper(t, jobLines(vendor, n), "enqueue", "--config", cfg, "--vendor", vendor, "--file", "-")
 	if err != nil || !strings.Contains(out, fmt.Sprintf("enqueued 0, already queued %d", n)) {
