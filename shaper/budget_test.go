@@ -48,6 +48,8 @@ var luaCeilings = map[string]int{
 	"checkScript":     6,
 	"taggedScript":    70,
 	"untagScript":     60,
+	"toSetScript":     70, // a group of accounts' form of the tags key, after a group of one's (retag)
+	"toListScript":    94, // convert_tags, as the full grant has it (layout 3 -> 4)
 }
 
 // exportCeiling is the most identifiers package shaper may export: its
@@ -82,6 +84,8 @@ func luaTexts() map[string]string {
 		"checkScript":     src(checkScript),
 		"taggedScript":    src(taggedScript),
 		"untagScript":     src(untagScript),
+		"toSetScript":     src(toSetScript),
+		"toListScript":    src(toListScript),
 	}
 }
 

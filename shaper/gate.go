@@ -92,6 +92,11 @@ type Bucket struct {
 	core      bool
 	counted   bool
 	fullUntil atomic.Int64
+	// inSetUntil is the local time (ns) until which a group of one keeps
+	// its tags in the set at the tags key, and its ticks in a list of
+	// their own (tickKeys), listAgain the time from which it may turn the
+	// set into its list again (see retag).
+	inSetUntil, listAgain atomic.Int64
 	// gen is the generation of the bucket's policy in this process: the
 	// gate's edits when the handle was made, or when it was respaced
 	// (the handle of a new policy). widest tells a caller still under an

@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/shaper-dev/shaper/internal/gatehook"
@@ -24,7 +25,7 @@ func init() {
 		return b.(*Bucket).unline(ctx, members...)
 	}
 	gatehook.TagsInSet = func(b any) {
-		b.(*Bucket).keys.ticks = b.(*Bucket).keys.oldTicks
+		b.(*Bucket).inSetUntil.Store(math.MaxInt64)
 	}
 	gatehook.Plan = func(ctx context.Context, b any, n int) (time.Duration, time.Duration, error) {
 		return b.(*Bucket).plan(ctx, n)

@@ -242,9 +242,10 @@ func (c *Control) Refused(ctx context.Context, p *Permit, ans Answer) (Decision,
 		return Decision{}, fmt.Errorf("shaper: judge a rate-limited answer of %q: %w", b.name, err)
 	}
 	pauseCh := pauseChannel(b.gate.prefix)
+	k := b.tickKeys()
 	ra := refusedArgs{Now: b.gate.redisNow(), Tick: strconv.FormatInt(tick, 10), Cooldown: cooldown.Microseconds(), Keep: a.Keep.Microseconds(),
-		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name, Tag: b.keys.logTag(tag), Log: b.tickLog()}
-	res, err := redisonce.Run(ctx, b.gate.rdb, refusedScript, []string{b.keys.control, b.keys.ticks, b.keys.limited, b.keys.stats, b.keys.gate}, ra.argv()...).Slice()
+		Pause: ans.Pause.Microseconds(), PauseReason: ans.PauseReason, Channel: pauseCh, Bucket: b.name, Tag: k.logTag(tag), Log: b.tickLog()}
+	res, err := redisonce.Run(ctx, b.gate.rdb, refusedScript, []string{k.control, k.ticks, k.limited, k.stats, k.gate}, ra.argv()...).Slice()
 	if err != nil {
 		return fail(err)
 	}

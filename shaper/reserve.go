@@ -1028,6 +1028,21 @@ func (b *Bucket) reserveMany(ctx context.Context, reqs []Request) ([]reservation
 	}
 }
 
+// runGrant runs the grant fn on the bucket's keys (in the order keys
+// lists them) and, where it found the tags key in the other form (a
+// group of one's list, a group of accounts' set: see retag), puts the key
+// in the bucket's form and runs it once more.
+func (b *Bucket) runGrant(ctx context.Context, fn *function, keys func(bucketKeys) []string, argv []any) ([]any, error) {
+	res, err := b.gate.run(ctx, fn, keys(b.tickKeys()), argv...).Slice()
+	if !isWrongType(err) {
+		return res, err
+	}
+	if err := b.retag(ctx); err != nil {
+		return nil, err
+	}
+	return b.gate.run(ctx, fn, keys(b.tickKeys()), argv...).Slice()
+}
+
 // batchable reports whether a call of req fits the core script: a call
 // of one unit in the normal lane, to a bucket of the common shape, whose
 // holder can be told from the next in a batch.
@@ -1047,7 +1062,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 	if core {
 		b.gate.testRun("core")
 		args := b.coreArgs(reqs, server)
-		res, err := b.gate.run(ctx, coreFunction, b.keys.core(), args.argv()...).Slice()
+		res, err := b.runGrant(ctx, coreFunction, bucketKeys.core, args.argv())
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -1074,7 +1089,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 		if lean && b.counted && max(req.Cost, 1) == 1 && req.Lane == Normal {
 			b.gate.testRun("counted")
 			ca := args.counted(mine)
-			res, err := b.gate.run(ctx, countedFunction, b.keys.counted(), ca.argv()...).Slice()
+			res, err := b.runGrant(ctx, countedFunction, bucketKeys.counted, ca.argv())
 			if err != nil {
 				return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 			}
@@ -1093,7 +1108,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			lean = false
 		}
 		b.gate.testRun("full")
-		res, err := b.gate.run(ctx, reserveFunction, b.keys.reserve(), args.full(mine).argv()...).Slice()
+		res, err := b.runGrant(ctx, reserveFunction, bucketKeys.reserve, args.full(mine).argv())
 		if err != nil {
 			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
@@ -1294,8 +1309,9 @@ func (b *Bucket) giveUp(ctx context.Context, lease string, counter string, tick 
 	if b.total != nil {
 		total = b.total.limits
 	}
-	if err := redisonce.Run(ctx, b.gate.rdb, giveUpScript, []string{b.keys.inFlight, b.keys.stats, b.keys.ticks, b.keys.counts, b.keys.totalCounts}, 0,
-		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total, b.keys.logTag(tag)).Err(); err != nil {
+	k := b.tickKeys()
+	if err := redisonce.Run(ctx, b.gate.rdb, giveUpScript, []string{k.inFlight, k.stats, k.ticks, k.counts, k.totalCounts}, 0,
+		lease, counter, strconv.FormatInt(tick, 10), max(cost, 1), b.limits, total, k.logTag(tag)).Err(); err != nil {
 		return fmt.Errorf("shaper: free a lease of %q: %w", b.name, unavailable(ctx, err))
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,6 +73,101 @@ for _, item in ipairs(redis.call('LRANGE', k_tags, 0, -1)) do
 end
 return n
 `)
+
+// toSetScript turns a group of one's list at the tags key (its ticks,
+// with its holders' tags, layout 4) into the set a group of accounts of
+// the same name keeps there: each tag with its latest tick. The ticks no
+// tag holds go (they were the group of one's judge's view: a rate-limited
+// answer of that bucket is then judged on fewer ticks). The set keeps the
+// list's expiry; a set, or no key, is left as it is.
+//
+// KEYS[1] the tags key. Returns how many tags the set got.
+var toSetScript = redis.NewScript(formLua + heldLua + itemLua + `
+local k_tags = KEYS[1]
+local kind = redis.call('TYPE', k_tags)
+if type(kind) == 'table' then kind = kind.ok end
+if kind ~= 'list' then return 0 end
+local latest, n = {}, 0
+for _, item in ipairs(redis.call('LRANGE', k_tags, 0, -1)) do
+  local t, tag = read_item(item)
+  if t and tag ~= '' and (latest[tag] == nil or t > latest[tag]) then
+    if latest[tag] == nil then n = n + 1 end
+    latest[tag] = t
+  end
+end
+local ttl = redis.call('PTTL', k_tags)
+redis.call('DEL', k_tags)
+local part = {}
+for tag, t in pairs(latest) do
+  part[#part + 1], part[#part + 2] = string.format('%d', t), tag
+  if #part >= 1000 then redis.call('ZADD', k_tags, unpack(part)); part = {} end
+end
+if #part > 0 then redis.call('ZADD', k_tags, unpack(part)) end
+if n > 0 and ttl > 0 then redis.call('PEXPIRE', k_tags, ttl) end
+return n
+`)
+
+// toListScript turns the set of a group of accounts at the tags key into
+// the list a group of one of the same name keeps there (convert_tags),
+// with the ticks list the group of one kept before layout 4 (KEYS[2]).
+//
+// KEYS[1] the tags key, KEYS[2] the group of one's old ticks list.
+// ARGV[1] keep (µs), ARGV[2] Redis time override (µs; 0: TIME).
+var toListScript = redis.NewScript(nowFromLua + formLua + heldLua + itemLua + extendLua + convertLua + `
+convert_tags(KEYS[1], KEYS[2], tonumber(ARGV[1]), now_from(ARGV[2] + 0))
+return 0
+`)
+
+// Where a grant finds the tags key in the other form, it is a group of
+// one and a group of accounts of one name (a vendor's bucket and its
+// accounts' buckets), each writing its own: a vendor made per_account,
+// or no longer, at a reload, or replicas of both configurations side by
+// side in a rollout. The grant fails (WRONGTYPE), and retag puts the key
+// in the bucket's form, keeping every tag: a group of accounts always
+// (its buckets share the set), a group of one at most once per tagKeep;
+// in between it keeps its tags in the set, beside the accounts', and its
+// ticks in its own list, as a per-account vendor's bucket does
+// (gatehook.TagsInSet). Replicas of both configurations then move the
+// key at most once per tagKeep, not at every grant.
+
+// tickKeys are the bucket's keys, with its ticks in a list of their own
+// while it keeps its tags in the set (see retag).
+func (b *Bucket) tickKeys() bucketKeys {
+	k := b.keys
+	if k.ticks == k.tags && b.gate.clock.Now().UnixNano() < b.inSetUntil.Load() {
+		k.ticks = k.oldTicks
+	}
+	return k
+}
+
+// isWrongType reports whether err is Redis's answer to a command on a
+// key of another type.
+func isWrongType(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "WRONGTYPE")
+}
+
+// retag puts the tags key in the form the bucket writes, after a grant
+// found it in the other (see toSetScript): the grant wrote what it wrote
+// before its tags (the tick it took counts, unused: the safe side), and
+// is run again.
+func (b *Bucket) retag(ctx context.Context) error {
+	k := b.tickKeys()
+	now := b.gate.clock.Now()
+	switch {
+	case k.ticks != k.tags:
+		if err := redisonce.Run(ctx, b.gate.rdb, toSetScript, []string{k.tags}).Err(); err != nil {
+			return fmt.Errorf("shaper: turn the tags of %q into a set: %w", b.name, unavailable(ctx, err))
+		}
+	case now.UnixNano() < b.listAgain.Load():
+		b.inSetUntil.Store(now.Add(tagKeep).UnixNano())
+	default:
+		b.listAgain.Store(now.Add(tagKeep).UnixNano())
+		if err := redisonce.Run(ctx, b.gate.rdb, toListScript, []string{k.tags, k.oldTicks}, b.keep.Microseconds(), b.gate.redisNow()).Err(); err != nil {
+			return fmt.Errorf("shaper: turn the tags of %q into a list: %w", b.name, unavailable(ctx, err))
+		}
+	}
+	return nil
+}
 
 // tagged returns the tags of the calls granted a tick after after (Redis
 // time), oldest tick first, whichever replica granted them. A tag leaves

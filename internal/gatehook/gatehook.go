@@ -63,9 +63,11 @@ var (
 	// tags rather than in its ticks list: the vendor-level bucket of a
 	// per-account vendor, whose group's accounts record their calls in
 	// that set, which recover reads through this bucket. Call it before
-	// the bucket is used. Without it, that bucket's first grant took the
-	// set for a previous layout's record and turned it into its ticks
-	// list, and every account's grant failed on it (WRONGTYPE).
+	// the bucket is used. Without it, that bucket's first grant takes
+	// the set for a previous layout's record and turns it into its ticks
+	// list, each account's next grant turns it back into the set, and the
+	// bucket keeps its tags in the set for tagKeep (see shaper's retag):
+	// no grant fails, but a key changes form twice.
 	TagsInSet func(bucket any)
 	// Plan says when n calls of bucket (a *shaper.Bucket), queued now
 	// behind those planned before, can expect their ticks: the first
