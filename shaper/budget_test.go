@@ -27,22 +27,22 @@ import (
 // reserve 1100).
 var luaCeilings = map[string]int{
 	"coreFunction":    281, // scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
-	"countedFunction": 615, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA)
-	"reserveFunction": 907, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4)
+	"countedFunction": 617, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
+	"reserveFunction": 909, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
 	"giveUpScript":    214, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
 	"countUsedScript": 177, // counter_adopt; counter_add without a table
 	"limitsScript":    164, // counter_adopt; counter_add without a table
-	"refusedScript":   134, // unsend, and the judge skips kept items
-	"applyScript":     94,
+	"refusedScript":   135, // unsend, and the judge skips kept items; gate_kept: a control hash outlives the gate's keys (reachLua)
+	"applyScript":     95,  // gate_kept: a control hash outlives the gate's keys (reachLua)
 	"planScript":      69,
 	"statsScript":     57,
 	"respaceScript":   70, // widest itself (17 lines)
 	"raiseScript":     43,
 	"lineScript":      37,
-	"lowerScript":     33,
-	"pauseScript":     31,
+	"lowerScript":     34, // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"pauseScript":     32, // gate_kept: a control hash outlives the gate's keys (reachLua)
 	"countScript":     23,
-	"setRateScript":   19,
+	"setRateScript":   20, // gate_kept: a control hash outlives the gate's keys (reachLua)
 	"backlogsScript":  17,
 	"startScript":     15,
 	"checkScript":     6,

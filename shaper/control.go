@@ -51,12 +51,12 @@ func (c *Control) setRate(ctx context.Context, rate float64, reason, source stri
 // KEYS[1] control hash, KEYS[2] gate hash.
 // ARGV[1] Redis time override (µs; 0: TIME), ARGV[2] rate, ARGV[3]
 // reason, ARGV[4] source, ARGV[5] keep (µs): the hash lives at least this
-// long (every grant extends it). Returns 0.
+// long, and as long as the gate hash (see gate_kept). Returns 0.
 var setRateScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
 adapted(KEYS[2])
 redis.call('HSET', KEYS[1], 'rate', ARGV[2], 'rate_reason', ARGV[3], 'rate_source', ARGV[4])
-extend(KEYS[1], now + tonumber(ARGV[5]), now)
+extend(KEYS[1], math.max(now + tonumber(ARGV[5]), gate_kept(KEYS[2], now)), now)
 return 0
 `)
 
@@ -100,7 +100,7 @@ func (c *Control) Announce(ctx context.Context, rate float64, reason string) err
 // below the old safe rate (lo) means the limit moved: lo is cleared.
 var lowerScript = redis.NewScript(nowLua + extendLua + adaptedLua + `
 local now = now_us()
-extend(KEYS[1], now + tonumber(ARGV[7]), now)
+extend(KEYS[1], math.max(now + tonumber(ARGV[7]), gate_kept(KEYS[2], now)), now)
 local rate, last_decrease, lo = unpack(redis.call('HMGET', KEYS[1], 'rate', 'last_decrease', 'lo'))
 redis.call('HSET', KEYS[1], 'last_throttle', string.format('%d', now))
 local cur = tonumber(rate) or tonumber(ARGV[2])

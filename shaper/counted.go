@@ -60,7 +60,9 @@ import (
 // two (the bucket's line admits any tick past its next one).
 //
 // fit(s, t, tick): the earliest tick at or after tick that both the
-// bucket's line and the total's admit. s is the bucket's line: last, n,
+// bucket's line and the total's admit. A tick the total's line gave in
+// the round before (free) is not looked up again when the bucket's line
+// admits it: one BITPOS of the ring a grant, not two. s is the bucket's line: last, n,
 // interval, burst, cost, charge (see earliest), and k, kth, span for a
 // bucket that keeps its log (k > 0, see logged). t is the total's: iv
 // (0: none), burst, last, n, blocked (no tick before it), and for a ring
@@ -70,8 +72,8 @@ import (
 // after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
 // last, n, kept, the total's counters in use, costly_until (nil: not
 // written) and fields, more of the total hash to write). The total's keys
-// outlive the tick by keep: extended a little further (a quarter of keep,
-// at most a second) once the tick passes what they were last extended to
+// outlive the tick by keep: extended further (reachLua) once the tick
+// passes what they were last extended to
 // (its 'kept', the local tkept), as the bucket's keys are.
 const groupLua = `
 local one_item = {}
@@ -154,17 +156,19 @@ end
 local FIT_ROUNDS = 8
 
 local function fit(s, t, tick)
+  local free = nil
   for _ = 1, FIT_ROUNDS do
     local a
     if s.k > 0 then a = logged(s.last, s.n, s.burst, s.kth, s.span, tick, s.cost)
     else a = earliest(s.last, s.n, s.interval, s.burst, tick, s.cost, s.charge) end
+    if a == free then return a end
     local b = a
     if t.iv > 0 and t.ring > 0 then
       b = free_slot(t.slots, t.ring, a, t.blocked, t.iv, t.horizon, t.now)
     elseif t.iv > 0 then
       b = earliest(t.last, t.n, t.iv, t.burst, math.max(a, t.blocked), 1, true)
     end
-    tick = b
+    tick, free = b, b
     if b == a then break end
   end
   return tick
@@ -177,7 +181,7 @@ local function total_granted(k, t, tick, cost, keep, now)
   put(tset, 'last', fmt(math.max(tick, t.last or 0)), 'n', tn)
   local tkept = t.kept
   if tick + keep > tkept then
-    tkept = tick + keep + math.min(1000000, math.floor(keep / 4))
+    tkept = tick + keep + ` + reachLua + `
     put(tset, 'kept', fmt(tkept))
   end
   if t.costly_until then put(tset, 'costly_until', fmt(t.costly_until)) end
@@ -208,8 +212,11 @@ end
 // slots that passed since the last grant (cleared: the last slot
 // cleared, nil for none) are cleared for the next round; a ring made
 // anew expires as the total does (kept: what the total's keys were last
-// extended to), and at once (when k_slots does not exist), since grants
-// extend it only as their ticks pass kept. Returns the last slot cleared
+// extended to), and at once (when the total clears none yet and k_slots
+// does not exist), since grants extend it only as their ticks pass
+// kept. A ring that went while its total stayed (the two are extended
+// together) is made again by its next SETBIT, and given an expiry at the
+// total's next extension. Returns the last slot cleared
 // now, for the total's 'cleared'.
 const ringLua = `
 local function first_clear(key, from, to)
@@ -248,7 +255,7 @@ local function free_slot(k_slots, ring, t, blocked, tiv, horizon, now)
 end
 
 local function ring_cleared(k_slots, ring, tiv, cleared, kept, keep, now)
-  if redis.call('EXISTS', k_slots) == 0 then
+  if cleared == nil and redis.call('EXISTS', k_slots) == 0 then
     redis.call('SETBIT', k_slots, ring - 1, 0)
     extend(k_slots, math.max(kept, now + keep), now)
   end

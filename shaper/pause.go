@@ -21,10 +21,18 @@ import (
 // the mark itself with the gate hash's fields); the full reserve script
 // sets the mark again when it makes a gate hash anew while one is in
 // force, and the core script takes it away once nothing is.
+//
+// gate_kept(k_gate, now): until when the gate hash lives (µs; now when it
+// does not exist or has no expiry). A writer of the control hash keeps it
+// at least that long: grants extend the control hash with the gate's keys
+// (keep_alive), once in many grants (reachLua), so a control hash written
+// to live a keep from now would lapse before the next extension, and a
+// rate set in it (announced, set) with it.
 const adaptedLua = `
 local function adapted(k_gate)
   if redis.call('EXISTS', k_gate) == 1 then redis.call('HSET', k_gate, 'adapted', '1') end
 end
+local function gate_kept(k_gate, now) return now + math.max(redis.call('PTTL', k_gate), 0) * 1000 end
 `
 
 // pauseLua defines pause(k_control, k_gate, k_stats, now, d, reason,
@@ -45,7 +53,7 @@ local function pause(k_control, k_gate, k_stats, now, d, reason, channel, bucket
     redis.call('PUBLISH', channel, bucket .. '|' .. string.format('%d', untilv - now))
     cur = untilv
   end
-  extend(k_control, cur + keep, now)
+  extend(k_control, math.max(cur + keep, gate_kept(k_gate, now)), now)
   return math.max(cur - now, 0)
 end
 `

@@ -977,7 +977,19 @@ const batchStagger = time.Millisecond
 // stays with the full one: what the core script cannot decide (a learned
 // rate, counters in use after a costly call) lasts a while, and asking
 // the core script first would cost a second round trip on every grant.
+// A state the lean grant found missing (needState: a new bucket, one
+// that expired after idle, another server's) does not last: the full
+// grant writes it, and the next grant is lean again.
 const fullFor = time.Second
+
+// stayFull keeps the bucket on the full grant for fullFor after a lean
+// grant handed a call over (reply res) for a reason that lasts.
+func (b *Bucket) stayFull(res []any, now time.Time) {
+	if code, ok := res[0].(int64); ok && handover(code) == needState {
+		return
+	}
+	b.fullUntil.Store(now.Add(fullFor).UnixNano())
+}
 
 // reserve asks for the next tick of a call of req in one Redis round
 // trip (two when the core script hands the call to the full one, at most
@@ -1074,7 +1086,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 			}
 			return rs, err
 		}
-		b.fullUntil.Store(now.Add(fullFor).UnixNano())
+		b.stayFull(res, now)
 		lean = false
 	}
 	out := make([]reservation, 0, len(reqs))
@@ -1104,7 +1116,7 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 				out = append(out, rs[0])
 				continue
 			}
-			b.fullUntil.Store(now.Add(fullFor).UnixNano())
+			b.stayFull(res, now)
 			lean = false
 		}
 		b.gate.testRun("full")
