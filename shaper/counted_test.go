@@ -179,3 +179,69 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	}
 	t.Logf("counted script %d runs, full script %d", runs["counted"], runs["full"])
 }
+
+// TestNewAccountStaysLean: an account's first grant finds no state and
+// hands the call to the full grant (needState), which writes it; its
+// next grant is the counted one again. Before, any handover held the
+// bucket on the full grant for fullFor (a second): a per-account
+// vendor's new or expired accounts ran their first calls on the full
+// grant, 16.6 Redis commands a grant against about 10.
+func TestNewAccountStaysLean(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &redisClock{}
+	clk.set(now.UnixMicro())
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Clock: virtualClock{clk}})
+	g.testNow = clk.now
+	var runs []string
+	g.testScript = func(kind string) { runs = append(runs, kind) }
+	grp, err := g.Group("shop", &Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Limits: []Limit{{Rate: 5, Window: time.Second}}}
+	grant := func(b *Bucket) {
+		t.Helper()
+		for range 20 { // the group's first use waits out its horizon
+			r, err := b.reserve(ctx, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.ok {
+				return
+			}
+			clk.advance(max(r.wait, 10*time.Millisecond))
+		}
+		t.Fatalf("%s: no tick in 20 tries", b.Name())
+	}
+	first, err := grp.Bucket("store-1", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant(first)
+	clk.advance(time.Second)
+	grant(first) // the group and its total are made
+	fresh, err := grp.Bucket("store-2", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fresh.counted {
+		t.Fatal("the account's shape is not the counted grant's")
+	}
+	runs = nil
+	grant(fresh)
+	if len(runs) != 2 || runs[0] != "counted" || runs[1] != "full" {
+		t.Fatalf("a new account's first grant ran %v, want the counted grant handing over to the full one", runs)
+	}
+	runs = nil
+	clk.advance(250 * time.Millisecond)
+	grant(fresh)
+	if len(runs) != 1 || runs[0] != "counted" {
+		t.Errorf("its next grant, 250 ms later, ran %v: want the counted grant (the state is there now)", runs)
+	}
+}
