@@ -327,3 +327,31 @@ func TestPlannedBucketStartsAtOnce(t *testing.T) {
 		t.Errorf("first call after the group's epoch was lost: %+v, %v; want no tick before the horizon", res, err)
 	}
 }
+
+// TestControlOutlivesNoGate: a rate set in a bucket's control hash (an
+// announced limit) lives as long as its gate hash, which grants extend
+// only once in many (reachLua): written to live a keep from now, it
+// lapsed before the next extension, and the bucket went back to its
+// configured rate while its state lived on.
+func TestControlOutlivesNoGate(t *testing.T) {
+	t.Parallel()
+	r := newReplica(t, redistest.Addr(t), redistest.Prefix(t), nil)
+	ctx := context.Background()
+	b, err := r.gate.Bucket("acme", Policy{Limits: []Limit{{Rate: 5, Window: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Control().Announce(ctx, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	gate, ctl := r.rdb.PTTL(ctx, b.keys.gate).Val(), r.rdb.PTTL(ctx, b.keys.control).Val()
+	if gate < 2*b.keep {
+		t.Fatalf("gate hash TTL %s after a grant: want it extended past its keep (%s)", gate, b.keep)
+	}
+	if ctl < gate-100*time.Millisecond {
+		t.Errorf("control hash TTL %s, gate hash %s: the announced rate would lapse before the state", ctl, gate)
+	}
+}
