@@ -558,9 +558,9 @@ func (h slowEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 // TestSlowRedisSlowsABatchDown: a batch whose calls Redis queues slowly
-// (30 ms each, 3 s for the chunk, over claimSafe) is queued whole: the
+// (30 ms each, 6 s for the chunk, over claimSafe) is queued whole: the
 // enqueue renews the claims of the ids it has still to queue as it goes
-// (the last id's is younger at the 90th call than at the first), and leaves none.
+// (the last id's is younger at the 180th call than at the first), and leaves none.
 // CI once failed a 1,500-call enqueue on a loaded machine at claimSafe.
 func TestSlowRedisSlowsABatchDown(t *testing.T) {
 	t.Parallel()
@@ -573,12 +573,12 @@ func TestSlowRedisSlowsABatchDown(t *testing.T) {
 	var first float64
 	delay := func(n int) time.Duration {
 		ctx := context.Background()
-		last, err := reader.ZScore(ctx, key, "s-099").Result() // the last id to be queued
+		last, err := reader.ZScore(ctx, key, "s-199").Result() // the last id to be queued
 		switch {
 		case err != nil:
 		case n == 1:
 			first = last
-		case n == 90 && last > first:
+		case n == 180 && last > first:
 			renewed.Store(true)
 		}
 		return 30 * time.Millisecond
@@ -586,8 +586,8 @@ func TestSlowRedisSlowsABatchDown(t *testing.T) {
 	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", delay: delay, n: new(atomic.Int64)})
 	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
 	defer c.Close()
-	c.claimSafe, c.renewEvery = 2*time.Second, 200*time.Millisecond
-	calls := make([]Call, 100)
+	c.claimSafe, c.renewEvery = 5*time.Second, 200*time.Millisecond
+	calls := make([]Call, 200)
 	for i := range calls {
 		calls[i] = Call{ID: fmt.Sprintf("s-%03d", i), Path: "/s"}
 	}
@@ -597,7 +597,7 @@ func TestSlowRedisSlowsABatchDown(t *testing.T) {
 		t.Fatalf("%d of %d queued in %s: %v", res.Enqueued, len(calls), time.Since(start).Round(time.Millisecond), err)
 	}
 	if !renewed.Load() {
-		t.Error("the last id's claim was as old at the 90th call as at the first: not renewed")
+		t.Error("the last id's claim was as old at the 180th call as at the first: not renewed")
 	}
 	if n, err := rdb.ZCard(context.Background(), key).Result(); err != nil || n != 0 {
 		t.Errorf("%d claims left after the batch (%v), want 0", n, err)
@@ -616,13 +616,13 @@ func TestStalledRedisStopsABatch(t *testing.T) {
 	rdb := e.rdb()
 	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", n: new(atomic.Int64), delay: func(n int) time.Duration {
 		if n == 10 {
-			return 1500 * time.Millisecond
+			return 4 * time.Second
 		}
 		return 0
 	}})
 	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
 	defer c.Close()
-	c.claimSafe, c.renewEvery = time.Second, 200*time.Millisecond
+	c.claimSafe, c.renewEvery = 3*time.Second, 200*time.Millisecond
 	calls := make([]Call, 30)
 	for i := range calls {
 		calls[i] = Call{ID: fmt.Sprintf("t-%03d", i), Path: "/t"}
@@ -630,7 +630,7 @@ func TestStalledRedisStopsABatch(t *testing.T) {
 	ctx := context.Background()
 	res, err := c.EnqueueBatch(ctx, v, calls)
 	if err == nil || !strings.Contains(err.Error(), "could lapse") {
-		t.Fatalf("a 1.5 s stall with claimSafe 1 s: %v, want the batch stopped", err)
+		t.Fatalf("a 4 s stall with claimSafe 3 s: %v, want the batch stopped", err)
 	}
 	if res.Enqueued != 10 {
 		t.Errorf("%d queued, want the 10 up to the stall", res.Enqueued)

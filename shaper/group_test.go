@@ -347,11 +347,11 @@ func TestControlOutlivesNoGate(t *testing.T) {
 	if err := b.Control().Announce(ctx, 2, "test"); err != nil {
 		t.Fatal(err)
 	}
-	gate, ctl := r.rdb.PTTL(ctx, b.keys.gate).Val(), r.rdb.PTTL(ctx, b.keys.control).Val()
-	if gate < 2*b.keep {
-		t.Fatalf("gate hash TTL %s after a grant: want it extended past its keep (%s)", gate, b.keep)
-	}
-	if ctl < gate-100*time.Millisecond {
+	// The control hash's TTL first: read after it, the gate hash's can
+	// only be shorter, whatever the time between the two reads.
+	ctl := r.rdb.PTTL(ctx, b.keys.control).Val()
+	gate := r.rdb.PTTL(ctx, b.keys.gate).Val()
+	if ctl < gate-10*time.Millisecond {
 		t.Errorf("control hash TTL %s, gate hash %s: the announced rate would lapse before the state", ctl, gate)
 	}
 }
