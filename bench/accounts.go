@@ -21,9 +21,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/shaper-dev/shaper/internal/vendorsim"
 	"github.com/shaper-dev/shaper/internal/windows"
-
 	"github.com/shaper-dev/shaper/queue"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/vendorclients"

@@ -215,7 +215,7 @@ func (c *Client) renewClaims(ctx context.Context, vendor string, ids []string, s
 	}
 	if res[1] != int64(len(ids)) {
 		return fmt.Errorf("queue: %d of the claims on %d ids of %s lapsed while they were queued (Redis took over %s to answer); the calls not queued yet were not, post them again",
-			int64(len(ids))-res[1], len(ids), vendor, claimSafe)
+			int64(len(ids))-res[1], len(ids), vendor, c.claimSafe)
 	}
 	for i := range scores {
 		scores[i] = res[0]*2 + scores[i]%2

@@ -531,30 +531,11 @@ func TestRoomReservation(t *testing.T) {
 	c.release(ctx, r2)
 }
 
-// slowEnqueues delays the answer of asynq's enqueue scripts on keys
-// starting with prefix, by delay(n) after the n-th that succeeds (from
-// 1): a busy Redis.
-type slowEnqueues struct {
-	prefix string
-	delay  func(n int) time.Duration
-	n      *atomic.Int64
-}
-
-func (slowEnqueues) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h slowEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		err := next(ctx, cmd)
-		if err == nil && len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
-			if s, ok := args[3].(string); ok && strings.HasPrefix(s, h.prefix+"t:") {
-				time.Sleep(h.delay(int(h.n.Add(1))))
-			}
-		}
-		return err
-	}
-}
-func (h slowEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+// slowEnqueues is countEnqueues sleeping delay(n) after the n-th enqueue
+// that succeeds (from 1): a busy Redis.
+func slowEnqueues(prefix string, delay func(n int) time.Duration) countEnqueues {
+	var n atomic.Int64
+	return countEnqueues{prefix: prefix, n: func() { time.Sleep(delay(int(n.Add(1)))) }}
 }
 
 // TestSlowRedisSlowsABatchDown: a batch whose calls Redis queues slowly
@@ -583,7 +564,7 @@ func TestSlowRedisSlowsABatchDown(t *testing.T) {
 		}
 		return 30 * time.Millisecond
 	}
-	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", delay: delay, n: new(atomic.Int64)})
+	rdb.AddHook(slowEnqueues("asynq:{"+QueueName(v)+"}:", delay))
 	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
 	defer c.Close()
 	c.claimSafe, c.renewEvery = 5*time.Second, 200*time.Millisecond
@@ -614,12 +595,12 @@ func TestStalledRedisStopsABatch(t *testing.T) {
 	e := newEnv(t)
 	v := e.vendor("stalled", policy(10), 0, http.NotFoundHandler())
 	rdb := e.rdb()
-	rdb.AddHook(slowEnqueues{prefix: "asynq:{" + QueueName(v) + "}:", n: new(atomic.Int64), delay: func(n int) time.Duration {
+	rdb.AddHook(slowEnqueues("asynq:{"+QueueName(v)+"}:", func(n int) time.Duration {
 		if n == 10 {
 			return 4 * time.Second
 		}
 		return 0
-	}})
+	}))
 	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
 	defer c.Close()
 	c.claimSafe, c.renewEvery = 3*time.Second, 200*time.Millisecond

@@ -839,20 +839,21 @@ func (c *Client) enqueueChunk(ctx context.Context, vendor string, calls []Call, 
 			}
 		}
 		up.at = now
-		var ids []string
-		var scores []int64
+		var held []int // the calls still to queue whose ids this enqueue claimed
 		for _, i := range todo[k:] {
 			if mine[i] != 0 {
-				ids, scores = append(ids, calls[i].ID), append(scores, mine[i])
+				held = append(held, i)
 			}
+		}
+		ids, scores := make([]string, len(held)), make([]int64, len(held))
+		for j, i := range held {
+			ids[j], scores[j] = calls[i].ID, mine[i]
 		}
 		if err := c.renewClaims(ctx, vendor, ids, scores); err != nil {
 			return err
 		}
-		for _, i := range todo[k:] {
-			if mine[i] != 0 {
-				mine[i], scores = scores[0], scores[1:]
-			}
+		for j, i := range held {
+			mine[i] = scores[j]
 		}
 		start = now
 		return nil

@@ -62,8 +62,8 @@ import (
 // fit(s, t, tick): the earliest tick at or after tick that both the
 // bucket's line and the total's admit. A tick the total's line gave in
 // the round before (free) is not looked up again when the bucket's line
-// admits it: one BITPOS of the ring a grant, not two. s is the bucket's line: last, n,
-// interval, burst, cost, charge (see earliest), and k, kth, span for a
+// admits it: one BITPOS of the ring a grant, not two. s is the bucket's
+// line: last, n, interval, burst, cost, charge (see earliest), and k, kth, span for a
 // bucket that keeps its log (k > 0, see logged). t is the total's: iv
 // (0: none), burst, last, n, blocked (no tick before it), and for a ring
 // (ring > 0) its key slots, horizon and now (see free_slot).

@@ -134,8 +134,8 @@ return 0
 // while it keeps its tags in the set (see retag).
 func (b *Bucket) tickKeys() bucketKeys {
 	k := b.keys
-	if k.ticks == k.tags && b.gate.clock.Now().UnixNano() < b.inSetUntil.Load() {
-		k.ticks = k.oldTicks
+	if until := b.inSetUntil.Load(); until != 0 && k.ticks == k.tags && b.gate.clock.Now().UnixNano() < until {
+		k.ticks = k.oldTicks // the clock is read only for a bucket retag moved
 	}
 	return k
 }

@@ -12,23 +12,18 @@ import (
 	"github.com/shaper-dev/shaper/internal/redistest"
 )
 
-// TestVendorBucketOfAccountsKeepsTheirSet: a per-account vendor's
-// vendor-level bucket (the one its worker reads the held calls through)
-// granting a call must leave its accounts' sorted set of tags a sorted
-// set. Without gatehook.TagsInSet its grant made the key its ticks list
-// and every account's grant failed (WRONGTYPE): 13% of 200 accounts'
-// allowance delivered.
-func TestVendorBucketOfAccountsKeepsTheirSet(t *testing.T) {
-	ctx := context.Background()
+// vendorAndAccount returns, on one gate, a vendor's bucket "crm" (a
+// group of one) and the bucket of its account store-1 (in the group
+// "crm"), both shaped by p, and the gate's Redis client.
+func vendorAndAccount(t *testing.T, p Policy) (*redis.Client, *Bucket, *Bucket) {
+	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	p := Policy{Limits: []Limit{{Rate: 50, Window: time.Second}}}
 	vendor, err := g.Bucket("crm", p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gatehook.TagsInSet(vendor)
 	grp, err := g.Group("crm", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +32,25 @@ func TestVendorBucketOfAccountsKeepsTheirSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rdb, vendor, account
+}
+
+// TestVendorBucketOfAccountsKeepsTheirSet: a per-account vendor's
+// vendor-level bucket (the one its worker reads the held calls through)
+// keeps its holders' tags in its accounts' sorted set from its first
+// grant (gatehook.TagsInSet). Without it, that grant makes the key its
+// ticks list, and the accounts' next grant turns it back (retag): no
+// grant fails, but the key changes form twice, and before retag every
+// account's grant failed (WRONGTYPE): 13% of 200 accounts' allowance.
+func TestVendorBucketOfAccountsKeepsTheirSet(t *testing.T) {
+	ctx := context.Background()
+	rdb, vendor, account := vendorAndAccount(t, Policy{Limits: []Limit{{Rate: 50, Window: time.Second}}})
+	gatehook.TagsInSet(vendor)
 	if _, err := vendor.Acquire(ctx, Request{Tag: "w|q|vendor-level"}); err != nil {
 		t.Fatal(err)
+	}
+	if kind := rdb.Type(ctx, account.keys.tags).Val(); kind != "zset" {
+		t.Errorf("after the vendor-level bucket's grant the tags key is a %s, want the accounts' zset", kind)
 	}
 	if _, err := account.Acquire(ctx, Request{Tag: "w|q|account"}); err != nil {
 		t.Fatalf("an account's grant after the vendor-level bucket's: %v", err)
@@ -62,22 +74,7 @@ func TestVendorBucketOfAccountsKeepsTheirSet(t *testing.T) {
 // the key changes form at most once per tagKeep, not at every grant.
 func TestTagsTakeTheirWritersForm(t *testing.T) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t)})
-	p := Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}}
-	vendor, err := g.Bucket("crm", p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grp, err := g.Group("crm", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	account, err := grp.Bucket("store-1", p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb, vendor, account := vendorAndAccount(t, Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}})
 	n := 0
 	grant := func(b *Bucket) {
 		t.Helper()
