@@ -34,16 +34,19 @@ const (
 	needAdapt                   // adaptation in force the counted grant does not apply (a pause, a rate, a lesson, a high call)
 	needLearned                 // a learned rate, which the full grant may step up
 	needCostly                  // counters in use after a costly call
+	needWide                    // the core grant: another tick than the caller's is the widest (a rolling edit)
+	needUpkeep                  // the core grant: the keys' expiry, the widest tick or the minute's count is due its upkeep
 )
 
 // codesLua names the reply's codes, the defer reasons and noServer in the
 // scripts, and defines handover(why): a lean grant's reply when it cannot
 // decide.
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, ANSWERED, NEED_STATE, NEED_ADAPT, NEED_LEARNED, NEED_COSTLY = %d, %d, %d, %d, %d, %d, %d
+local NEED_WIDE, NEED_UPKEEP = %d, %d
 local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE, NEWER_LAYOUT = %d, %d, %d, %d, %d, %d, %d
 local NO_SERVER = '%s'
 local function handover(why) return {why, '', 0, 0, 0} end
-`, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly,
+`, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly, needWide, needUpkeep,
 	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, newerLayout, noServer)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
@@ -51,19 +54,20 @@ const fmtLua = `
 local function fmt(x) return string.format('%d', x) end
 `
 
-// formLua defines the form a server's items take: packer (struct where
-// the server's Lua has it, false where it does not; nil until the first
-// line or item is read or written: pick_form() sets it, since a
-// function's library cannot look at globals while it loads, and a plain
-// read of a missing global is an error) and tick_item (see
-// lineFieldLua).
+// formLua defines the form a server's items take: form() returns packer,
+// struct where the server's Lua has it, false where it does not (nil
+// until the first line or item is read or written: a function's library
+// cannot look at globals while it loads, and a plain read of a missing
+// global is an error); and tick_item (see lineFieldLua).
 var formLua = `
 local packer = nil
-local function pick_form() packer = rawget(_G, 'struct') or false end
+local function form()
+  if packer == nil then packer = rawget(_G, 'struct') or false end
+  return packer
+end
 
 local function tick_item(t)
-  if packer == nil then pick_form() end
-  if packer then return packer.pack('<d', t) end
+  if form() then return packer.pack('<d', t) end
   return string.format('%d', t)
 end
 
@@ -90,13 +94,9 @@ end
 // form only; a line of the other, or of a version that kept fewer
 // numbers, reads as none.
 //
-// packer is struct where the server's Lua has it, false where it does
-// not; nil until the first line is read or written (pick_form() sets it:
-// a function's library cannot look at globals while it loads, and a
-// plain read of a missing global is an error).
-//
 // read_line(line): the line's numbers, last, n, gm, gc, kept, wiv, wb,
-// wfresh; nil, 0, nil, 0, 0, 0, 0, 0 for none.
+// wfresh (and, packed, where the unpacking stopped); nil, 0, nil, 0, 0,
+// 0, 0, 0 for none.
 //
 // line_of(last, n, gm, gc, kept[, wiv, wb, wfresh]): the line of those
 // (see read_line); without the widest tick's three, zeros (see
@@ -104,34 +104,20 @@ end
 //
 // tick_item(t): tick t (µs) as the ticks list keeps it: packed (a
 // double, 8 bytes) where the line is, else its digits.
-//
-// SPENT is the n of a line whose last tick a respace marked spent: more
-// than any burst, so that the next tick comes one interval after it.
 var lineFieldLua = formLua + `
 
 local function read_line(line)
-  if packer == nil then pick_form() end
-  if packer then
-    if not line or #line ~= 64 then return nil, 0, nil, 0, 0, 0, 0, 0 end
-    local last, n, gm, gc, kept, wiv, wb, wfresh = packer.unpack('<dddddddd', line)
-    return last, n, gm, gc, kept, wiv, wb, wfresh
-  end
-  if not line then return nil, 0, nil, 0, 0, 0, 0, 0 end
-  local last, n, gm, gc, kept, wiv, wb, wfresh = string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-  if not last then return nil, 0, nil, 0, 0, 0, 0, 0 end
-  return last + 0, n + 0, gm + 0, gc + 0, kept + 0, wiv + 0, wb + 0, wfresh + 0
+  if form() and line and #line == 64 then return packer.unpack('<dddddddd', line) end
+  local f = not packer and line and {string.match(line, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')}
+  if not f or not f[1] then return nil, 0, nil, 0, 0, 0, 0, 0 end
+  return f[1] + 0, f[2] + 0, f[3] + 0, f[4] + 0, f[5] + 0, f[6] + 0, f[7] + 0, f[8] + 0
 end
 
 local function line_of(last, n, gm, gc, kept, wiv, wb, wfresh)
-  if packer == nil then pick_form() end
   wiv, wb, wfresh = wiv or 0, wb or 0, wfresh or 0
-  if packer then return packer.pack('<dddddddd', last, n, gm, gc, kept, wiv, wb, wfresh) end
+  if form() then return packer.pack('<dddddddd', last, n, gm, gc, kept, wiv, wb, wfresh) end
   return string.format('%d|%d|%d|%d|%d|%d|%d|%d', last, n, gm, gc, kept, wiv, wb, wfresh)
 end
-
-
-local SPENT = 1000000000
-
 `
 
 // heldLua defines the items of a ticks list that keeps its holders'
@@ -145,10 +131,8 @@ local SPENT = 1000000000
 // digits); item_tagged(item): whether it names a holder.
 const heldLua = `
 local function held_item(t, tag)
-  local item = tick_item(t)
-  if tag == '' then return item end
-  if packer then return item .. tag end
-  return item .. ' ' .. tag
+  if tag == '' then return tick_item(t) end
+  return tick_item(t) .. (packer and '' or ' ') .. tag
 end
 
 local function item_tagged(item)
@@ -157,8 +141,7 @@ local function item_tagged(item)
 end
 
 local function item_tick(item)
-  if packer == nil then pick_form() end
-  if packer and #item >= 8 and not string.find(item, '^%d+$') then return (packer.unpack('<d', item)) end
+  if form() and #item >= 8 and not string.find(item, '^%d+$') then return (packer.unpack('<d', item)) end
   return tonumber(string.match(item, '^%d+'))
 end
 `
@@ -191,7 +174,7 @@ end
 // went.
 const itemLua = `
 local function read_item(item)
-  if packer == nil then pick_form() end
+  form()
   if packer and #item >= 8 and not string.find(item, '^%d+$') then
     local t = item_tick(item)
     if string.byte(item, 9) == 0 then return t, string.sub(item, 10), false end
@@ -400,17 +383,7 @@ end
 // Stats adds what the gate hash holds to what the stats hash does. A
 // gate hash that expires after idle takes the count it had not folded
 // with it.
-var lineLua = `
-local function put(t, a, b, c, d)
-  local n = #t
-  t[n + 1] = a
-  t[n + 2] = b
-  if c ~= nil then
-    t[n + 3] = c
-    t[n + 4] = d
-  end
-end
-` + widestLua + `
+var lineLua = putLua + widestLua + `
 local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   if wide_at_new then return iv, b, wide_at_new + math.floor(live / 4) end
   local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
@@ -443,22 +416,7 @@ local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   return untilv
 end
 
-local function log_ticks(key, items, last, len, keep, now, tag_keep)
-  local n, trim = redis.call('LPUSH', key, unpack(items)), ` + tickTrimLua + `
-  if n == #items then extend(key, last + keep + 1000000, now) end
-  if n <= len + trim then return end
-  if not tag_keep then redis.call('LTRIM', key, 0, len - 1) return end
-  if math.floor(n / trim) == math.floor((n - #items) / trim) then return end
-  for _ = 1, 2 do
-    if n - trim < len then return end
-    for _, item in ipairs(redis.call('LRANGE', key, -trim, -1)) do
-      if item_tagged(item) and item_tick(item) >= now - tag_keep then return end
-    end
-    redis.call('LTRIM', key, 0, -trim - 1)
-    n = n - trim
-  end
-end
-
+` + logTicksLua + `
 local function fold_granted(key, gm, c, m)
   if gm < m - 1 then
     redis.call('HINCRBY', key, 'granted', fmt(c))
@@ -476,6 +434,37 @@ local function count_granted(key, k, m, gm, gc)
   if gc < ` + grantFoldLua + ` then return gc end
   fold_granted(key, m, gc, m)
   return 0
+end
+`
+
+// putLua defines put(t, a, b[, c, d]): t gets a, b (and c, d) at its
+// end. (t[#t + 1], t[#t + 2] = a, b is not safe: the embedded Redis's
+// Lua assigns one at a time.)
+const putLua = `
+local function put(t, a, b, c, d)
+  local n = #t
+  t[n + 1], t[n + 2] = a, b
+  if c ~= nil then t[n + 3], t[n + 4] = c, d end
+end
+`
+
+// logTicksLua defines log_ticks (see lineLua). It needs extendLua and
+// heldLua.
+var logTicksLua = `
+local function log_ticks(key, items, last, len, keep, now, tag_keep)
+  local n, trim = redis.call('LPUSH', key, unpack(items)), ` + tickTrimLua + `
+  if n == #items then redis.call('PEXPIRE', key, math.ceil((last + keep - now) / 1000) + 1001) end
+  if n <= len + trim then return end
+  if not tag_keep then redis.call('LTRIM', key, 0, len - 1) return end
+  if math.floor(n / trim) == math.floor((n - #items) / trim) then return end
+  for _ = 1, 2 do
+    if n - trim < len then return end
+    for _, item in ipairs(redis.call('LRANGE', key, -trim, -1)) do
+      if item_tagged(item) and item_tick(item) >= now - tag_keep then return end
+    end
+    redis.call('LTRIM', key, 0, -trim - 1)
+    n = n - trim
+  end
 end
 `
 
@@ -527,28 +516,38 @@ end
 // cacheLua).
 const specCache = 256
 
-// coreKeyNames names the core script's KEYS, in order (TestScriptBindings).
-var coreKeyNames = []string{"gate", "control", "stats", "ticks", "expiry", "tags"}
+// coreKeyNames names the core grant's KEYS, in order (TestScriptBindings);
+// adaptKeyNames the adapt grant's, which reads the control hash too.
+var (
+	coreKeyNames  = []string{"gate", "stats", "ticks", "tags"}
+	adaptKeyNames = append(coreKeyNames[:len(coreKeyNames):len(coreKeyNames)], "control")
+)
 
-// coreKeys lists the core script's keys, in the order of coreKeyNames.
+// core lists the core grant's keys, in the order of coreKeyNames.
 func (k bucketKeys) core() []string {
-	return []string{k.gate, k.control, k.stats, k.ticks, k.expiry, k.tags}
+	return []string{k.gate, k.stats, k.ticks, k.tags}
 }
 
-// coreArgs are the core script's ARGV, in order (TestScriptBindings).
-// What the bucket's policy says comes in one string (see cacheLua).
+// adapt lists the adapt grant's keys, in the order of adaptKeyNames.
+func (k bucketKeys) adapt() []string {
+	return append(k.core(), k.control)
+}
+
+// coreArgs are the core and adapt grants' ARGV, in order
+// (TestScriptBindings). What the bucket's policy says comes in one
+// string (see cacheLua).
 type coreArgs struct {
 	Now    int64  `lua:"now"`    // Redis time override (µs; 0: TIME)
 	Server string `lua:"server"` // the run a state written on this server records (runOf; "": the server is unknown)
 	Tags   string `lua:"tags"`   // the calls asking, in their order: each one's tag (Request.Tag), followed by "\n" ("\n" alone: one call, no tag)
 	Mine   string `lua:"mine"`   // the caller's tick as widest keeps it: "interval|burst|replica|gen" (Bucket.mine)
-	// Policy is "interval|burst|horizon|keep|live|tick_log|span|window|rate|tag_keep|member":
+	// Policy is "interval|burst|horizon|keep|tick_log|span|window|rate|tag_keep|fresh":
 	// the tick (µs) and burst of the caller's policy, the horizon, how
-	// long the state outlives its last tick, how long a policy granted
-	// under keeps counting (replicaLive, see widest), the ticks list's
-	// length, the limit's window + guard and window (µs) and its rate, how
-	// long a tag outlives its tick in the record (µs), and the bucket's
-	// name in its group ("" for a group of one).
+	// long the state outlives its last tick, the ticks list's length, the
+	// limit's window + guard and window (µs) and its rate, how long a
+	// tag outlives its tick in the record (µs), and how long the widest
+	// tick stays fresh once asked under (replicaLive / 4, see
+	// wide_entry).
 	Policy string `lua:"policy"`
 }
 
@@ -557,37 +556,63 @@ func (a coreArgs) argv() []any {
 	return []any{a.Now, a.Server, a.Tags, a.Mine, a.Policy}
 }
 
-// coreFunction reserves the next ticks of count calls of the common bucket,
-// in their order, as count calls one after the other would: one limit, no
-// total, no in-flight cap, no warm-up, calls of one unit in the normal
-// lane. What it cannot decide alone it hands to the full
-// reserve script (a handover): a state missing or written by another
-// server (first use, expiry, a failover: needState), a learned rate that
-// may step up (needLearned), counters in use after a costly call
-// (needCostly). Otherwise: the widest live tick, widened
-// by what adaptation set (a rate, a learned guard), after any pause; a
-// normal call steps aside while a high one waits; beyond the horizon the
-// caller comes back one tick after the last deferred one.
+// coreFunction reserves the next ticks of count calls of the common
+// bucket, in their order, as count calls one after the other would: one
+// limit, no total, no in-flight cap, no warm-up, calls of one unit in the
+// normal lane, under the caller's own tick. It decides the hot path only
+// and hands the rest over (see handover), before it writes anything:
 //
-// It replies as every grant (see replyHeader), a call per tag of the
-// batch, and runs as a Redis function where the server has them (see
-// functions.go).
-var coreFunction = newFunction("core", codesLua+fmtLua+nowFromLua+extendLua+rollLua+spacingLua+lineFieldLua+heldLua+lineLua+cacheLua+corePolicyLua+scratchLua, coreLua)
+//   - to the full grant, for a grant that is due upkeep (needUpkeep: the
+//     keys' expiry once the line passes what they were extended to, the
+//     widest tick's refresh every replicaLive/4, the count of the minute
+//     before once the clock minute changes: a few times a minute), for a
+//     state missing or written elsewhere (needState), and while another
+//     replica's tick is the widest (needWide: a rolling edit);
+//   - to the adapt grant while adaptation is in force (needAdapt: a pause,
+//     a rate, a lesson, a high call waiting), which hands a learned rate
+//     or costly calls to the full grant in turn.
+//
+// Beyond the horizon the caller comes back one tick after the last
+// deferred one. It replies as every grant (see replyHeader), a call per
+// tag of the batch, and runs as a Redis function where the server has
+// them (see functions.go).
+var coreFunction = newFunction("core", coreDefsLua, coreLua)
+
+// coreLua is the core grant's body: adaptation in force is the adapt
+// grant's.
+var coreLua = coreHeadLua + "if adapted then return handover(NEED_ADAPT) end\n" + coreTailLua
+
+// adaptFunction is the core grant with adaptation applied (adaptLua):
+// what the core grant runs while the gate hash says adaptation is in
+// force.
+var adaptFunction = newFunction("adapt", coreDefsLua+spacingLua, adaptGrantLua)
+
+// adaptGrantLua is the adapt grant's body.
+var adaptGrantLua = coreHeadLua + adaptLua + coreTailLua
+
+// coreDefsLua is what the core and adapt grants define once.
+var coreDefsLua = codesLua + fmtLua + nowFromLua + lineFieldLua + heldLua + putLua + logTicksLua + cacheLua + corePolicyLua +
+	emptiedLua + "local scratch = {tags = {}, ticks = {}, tagged = {}}\n"
 
 // scratchLua defines scratch, the tables a grant fills on every call
 // instead of making new ones (a function's library lives on between
 // calls), and emptied(t), t with its list part emptied. In the counted
 // grant, what it passes to fair_pace, fit, keep_alive and
 // total_granted, every field filled on every call, and the fields it
-// writes to the gate and total hashes (gate_fields, total_fields); in the
-// core grant, its callers' tags, the ticks it logs and the tags it
-// records (tags, ticks, tagged); none, an empty list never written. A
+// writes to the gate and total hashes (gate_fields, total_fields); its
+// callers' tags, the ticks it logs and the tags it records (tags, ticks,
+// tagged: the core grant's scratch has these three only); none, an empty
+// list never written. A
 // table made per call cost about what a Redis command from Lua does: the
 // two fair_pace took cost 0.09x GCRA's Redis CPU in BenchmarkRedisCPU's
 // per-account case.
-const scratchLua = `
+const scratchLua = emptiedLua + `
 local scratch = {fair_keys = {}, fair = {}, fit_line = {}, fit_total = {}, total_keys = {}, total = {}, keep_keys = {},
   gate_fields = {}, total_fields = {}, total_state = {}, tags = {}, ticks = {}, tagged = {}, none = {}}
+`
+
+// emptiedLua defines emptied(t): t with its list part emptied.
+const emptiedLua = `
 local function emptied(t)
   for i = #t, 1, -1 do t[i] = nil end
   return t
@@ -597,49 +622,27 @@ end
 // corePolicyLua defines core_policy(s): coreArgs.Policy as a table.
 const corePolicyLua = `
 local function parse_core(s)
-  local iv, b, horizon, keep, live, tick_log, span, window, rate, tag_keep, member = string.match(s,
-    '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-  return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, live = live + 0, tick_log = tick_log + 0,
-    span = span + 0, window = window + 0, rate = rate + 0, tag_keep = tag_keep + 0, member = member}
+  local iv, b, horizon, keep, tick_log, span, window, rate, tag_keep, fresh = string.match(s,
+    '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, tick_log = tick_log + 0,
+    span = span + 0, window = window + 0, rate = rate + 0, tag_keep = tag_keep + 0, fresh = fresh + 0}
 end
 local function core_policy(s) return cached(s, parse_core) end
 `
 
-// coreLua is the core grant's main part. It binds KEYS (coreKeyNames) to
-// locals k_* and ARGV (coreArgs) to locals a_*: x + 0 makes a number of a
-// string with one strtod, where tonumber(x) makes two (the policy's
-// numbers, p, are made once, see cacheLua). Then, in order:
-//
-//  1. The state: the gate hash's line, run and adapted, handed over
-//     (NEED_STATE) unless the server is known (a_server) and the line
-//     was written on it.
-//  2. The tick (interval, burst): the widest live one (line_widest: the
-//     'wide' field read only when the line does not say it is the
-//     caller's, see wide_entry), widened by what adaptation set (a rate
-//     set or announced, a guard learned from refusals), read only when
-//     the gate hash says it is there (if adapted, see adaptedLua): a
-//     pause, a rate, a guard, a high call waiting, costly calls.
-//  3. A margin lesson in force (tol): calls stamp their starts
-//     (startLua), apart by a gap Go makes of the spacing without the
-//     guard (bare, see startGap).
-//  4. While a high call waits (hi_until), every call steps aside
-//     (BEHIND_HIGH).
-//  5. Each call in turn (the loop over tags): the next tick on the line,
-//     or beyond the horizon a moment to come back (at), one tick after
-//     the last deferred caller's (defer_at, read only then).
-//  6. The line, the ticks list and the tag record (if #ticks > 0); the
-//     keys' expiry once the line passes what they were extended to
-//     (untilv > kept); the widest tick (if wide_at_new) and the deferred
-//     moment (if deferred > 0) when they changed. widest gives a new
-//     wide_at with every new wide, and keeps wide only when it is mine;
-//     the line says it with it.
-const coreLua = `
+// coreHeadLua is the core and adapt grants' start. It binds KEYS
+// (coreKeyNames) to locals k_* and ARGV (coreArgs) to locals a_*: x + 0
+// makes a number of a string with one strtod, where tonumber(x) makes
+// two (the policy's numbers, p, are made once, see cacheLua). The state
+// (the gate hash's line, run and adapted) is handed over (NEED_STATE)
+// unless the server is known (a_server) and the line was written on it;
+// the tick is the caller's when the line says it is the widest and
+// fresh (see wide_entry), else the call is handed over.
+const coreHeadLua = `
 local k_gate = KEYS[1]
-local k_control = KEYS[2]
-local k_stats = KEYS[3]
-local k_ticks = KEYS[4]
-local k_expiry = KEYS[5]
-local k_tags = KEYS[6]
+local k_stats = KEYS[2]
+local k_ticks = KEYS[3]
+local k_tags = KEYS[4]
 local a_now = ARGV[1] + 0
 local a_server = ARGV[2]
 local a_tags = ARGV[3]
@@ -652,13 +655,31 @@ local line, run, adapted = unpack(redis.call('HMGET', k_gate, 'line', 'run', 'ad
 if a_server == '' or not line or run ~= a_server then return handover(NEED_STATE) end
 local last, n, gm, gc, kept, wiv, wb, wfresh = read_line(line)
 if last == nil then return handover(NEED_STATE) end
+if wiv ~= p.interval or wb ~= p.burst then return handover(NEED_WIDE) end
+local refresh = now >= wfresh
+if refresh then
+  if redis.call('HGET', k_gate, 'wide') ~= a_mine then return handover(NEED_UPKEEP) end
+  wfresh = now + p.fresh
+end
+local tags = emptied(scratch.tags)
+if a_tags == '\n' then tags[1] = '' else
+  for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
+end
+local interval, burst, paused, tol, bare = p.interval, p.burst, 0, 0, 0
+`
 
-local interval, burst, wide_new, wide_at_new
-interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
-  wiv, wb, wfresh)
-local paused, tol, hi_until, bare = 0, 0, 0, 0
+// adaptLua applies adaptation, read only when the gate hash says it is
+// there (if adapted, see adaptedLua): the tick widened by a rate set or
+// announced and by a guard learned from refusals, after any pause. A
+// margin lesson in force (tol): calls stamp their starts (startLua),
+// apart by a gap Go makes of the spacing without the guard (bare, see
+// startGap). While a high call waits (hi_until), every call steps aside
+// (BEHIND_HIGH). A learned rate, which may step up, and counters in use
+// after a costly call are the full grant's (NEED_LEARNED, NEED_COSTLY).
+const adaptLua = `
+local k_control = KEYS[5]
 if adapted then
-  local costly_until, rate, source, guard
+  local costly_until, rate, source, guard, hi_until
   hi_until, costly_until = unpack(redis.call('HMGET', k_gate, 'hi_until', 'costly_until'))
   paused, rate, source, guard, tol = unpack(redis.call('HMGET', k_control, 'paused_until', 'rate', 'rate_source', 'guard', 'tol'))
   if source == 'learned' then return handover(NEED_LEARNED) end
@@ -675,30 +696,37 @@ if adapted then
     interval, burst = math.max(interval, iv), b
   end
   if tol > 0 and burst == 1 then bare = spacing(rate or p.rate, 1, p.window) end
+  if hi_until > now then
+    local out = {ANSWERED, '', tol, interval, bare}
+    redis.call('HINCRBY', k_stats, 'deferred', fmt(#tags))
+    for _ = 1, #tags do put(out, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0) end
+    return out
+  end
 end
-local tags = emptied(scratch.tags)
-if a_tags == '\n' then tags[1] = '' else
-  for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
-end
-local out = {ANSWERED, '', tol, interval, bare}
-if hi_until > now then
-  redis.call('HINCRBY', k_stats, 'deferred', fmt(#tags))
-  for _ = 1, #tags do put(out, DEFERRED, math.min(hi_until - now, math.max(interval, 5000)), BEHIND_HIGH, 0) end
-  return out
-end
+`
 
+// coreTailLua is the core and adapt grants' end: each call in turn (the
+// loop over tags), the next tick on the line, or beyond the horizon a
+// moment to come back (at), one tick after the last deferred caller's
+// (defer_at, read only then). Then, before anything is written, the
+// calls are handed to the full grant (NEED_UPKEEP) when the keys must be
+// extended (the line passes what they were extended to, kept) or the
+// grants of a past clock minute folded into the stats hash (gm: the
+// gate hash counts the minute's grants in gc, see count_granted, and
+// only the full grant folds them). Else the line, the deferred moment,
+// the ticks list and the tag record.
+const coreTailLua = `
+local out = {ANSWERED, '', tol, interval, bare}
 local ticks, tagged = emptied(scratch.ticks), emptied(scratch.tagged)
 local pace, at = math.floor(interval / burst), 0
 local from, deferred = math.max(now, paused), 0
 for i = 1, #tags do
-  local tick, code, why = from, GRANTED, 0
+  local tick = from
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
   if tick - now > p.horizon then
     if deferred == 0 then at = tonumber(redis.call('HGET', k_gate, 'defer_at')) or 0 end
-    at = math.max(tick - p.horizon, at + pace)
-    deferred = deferred + 1
-    code, why, tick = DEFERRED, BEYOND_HORIZON, 0
-    if from - now > p.horizon then why = HELD_BY_PAUSE end
+    at, deferred = math.max(tick - p.horizon, at + pace), deferred + 1
+    put(out, DEFERRED, at - now, from - now > p.horizon and HELD_BY_PAUSE or BEYOND_HORIZON, 0)
   else
     if tick == last then n = n + 1 else n = 1 end
     last = tick
@@ -708,32 +736,23 @@ for i = 1, #tags do
       ticks[#ticks + 1] = tick_item(tick)
       if tags[i] ~= '' then put(tagged, fmt(tick), tags[i]) end
     end
+    put(out, GRANTED, tick - now, 0, tick)
   end
-  local wait = tick - now
-  if code == DEFERRED then wait = at - now end
-  put(out, code, wait, why, tick)
 end
 
-local m = math.floor(now / 60000000)
-if #ticks > 0 then
-  gc, gm = count_granted(k_stats, #ticks, m, gm, gc), m
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
-  log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now, k_ticks == k_tags and p.tag_keep or nil)
-  if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
-end
-local untilv = math.max(last, at) + p.keep
-if untilv > kept then
-  local keys = {gate = k_gate, control = k_control, ticks = k_ticks, expiry = k_expiry, tags = k_tags, member = p.member}
-  kept = keep_alive(keys, untilv, kept, paused, p.keep, p.tag_keep, now)
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
-end
-if wide_at_new then
-  redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
-    line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
+if math.max(last, at) + p.keep > kept or (#ticks > 0 and gm ~= math.floor(now / 60000000)) then
+  return handover(NEED_UPKEEP)
 end
 if deferred > 0 then
-  redis.call('HSET', k_gate, 'defer_at', fmt(at))
+  redis.call('HSET', k_gate, 'defer_at', fmt(at), 'line', line_of(last, n, gm, gc + #ticks, kept, wiv, wb, wfresh))
   redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))
+elseif #ticks > 0 then
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc + #ticks, kept, wiv, wb, wfresh))
+end
+if refresh then redis.call('HSET', k_gate, 'wide_at', fmt(now)) end
+if #ticks > 0 then
+  log_ticks(k_ticks, ticks, last, p.tick_log, p.keep, now, k_ticks == k_tags and p.tag_keep or nil)
+  if #tagged > 0 then redis.call('ZADD', k_tags, unpack(tagged)) end
 end
 return out
 `

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -53,8 +55,10 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	clk := fakeRedisTime(core, now.UnixMicro())
 	full.testNow = core.testNow
 	var coreRuns, fullRuns int
+	kinds := map[string]int{}
 	core.testScript = func(kind string) {
-		if kind == "core" {
+		kinds[kind]++
+		if kind == "core" || kind == "adapt" {
 			coreRuns++
 		} else {
 			fullRuns++
@@ -138,7 +142,7 @@ func coreMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 	if coreRuns < steps/2 {
 		t.Errorf("the core script served %d of %d requests of a common bucket (the full one %d)", coreRuns, steps, fullRuns)
 	}
-	t.Logf("core script %d runs, full script %d", coreRuns, fullRuns)
+	t.Logf("core and adapt grants %d runs, full grant %d (%v)", coreRuns, fullRuns, kinds)
 }
 
 // sameTags fails the test unless lean (a bucket served by the script
@@ -196,5 +200,85 @@ func TestCoreHandsOverAnUnreadableLine(t *testing.T) {
 	}
 	if len(kinds) != 2 || kinds[0] != "core" || kinds[1] != "full" {
 		t.Errorf("a grant over an unreadable line ran %v, want the core grant handing over to the full one", kinds)
+	}
+}
+
+// TestCoreGrantKeepsToTheHotPath: the core grant refreshes its own
+// widest tick itself (no handover), and hands a grant due upkeep (the
+// keys' expiry, a new clock minute's count) to the full grant before it
+// writes anything: the full grant takes the first call of a batch, and
+// the rest stay one lean batch.
+func TestCoreGrantKeepsToTheHotPath(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	g := NewGate(rdb, Config{KeyPrefix: redistest.Prefix(t), Replica: "r1"})
+	const minute = int64(60_000_000)
+	start := (time.Now().UnixMicro()/minute+1)*minute + 1_000_000 // 1 s into a clock minute
+	clk := fakeRedisTime(g, start)
+	var kinds []string
+	g.testScript = func(kind string) { kinds = append(kinds, kind) }
+	b, err := g.Bucket("acme", Policy{Limits: []Limit{{Rate: 20, Window: time.Second}}, Horizon: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grantTicks(t, b, clk, 3)
+	if len(kinds) < 3 || kinds[0] != "full" || slices.ContainsFunc(kinds[1:], func(k string) bool { return k != "core" }) {
+		t.Fatalf("a new bucket's first grants ran %v, want the full grant (no state) and then the core one", kinds)
+	}
+
+	// 1.3 s on, the widest tick (the caller's) is due its refresh
+	// (replicaLive / 4): the core grant writes it.
+	clk.advance(1300 * time.Millisecond)
+	kinds = nil
+	if r := reserveOnce(t, b); !r.ok || !slices.Equal(kinds, []string{"core"}) {
+		t.Fatalf("a grant due the widest tick's refresh: %+v by %v, want granted by the core grant alone", r, kinds)
+	}
+	if at, err := rdb.HGet(ctx, b.keys.gate, "wide_at").Int64(); err != nil || at != clk.now() {
+		t.Errorf("wide_at %d (%v) after the core grant's refresh, want now, %d", at, err, clk.now())
+	}
+
+	// The keys were extended to a reach (4 s for a keep of 1 s) past
+	// the line's end: 5 s on, a batch of 3 is due their upkeep.
+	clk.advance(5 * time.Second)
+	kinds = nil
+	rs, err := b.reserveMany(ctx, make([]Request, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if !r.ok {
+			t.Errorf("call %d of the batch due upkeep: %+v, want granted", i+1, r)
+		}
+	}
+	if !slices.Equal(kinds, []string{"core", "full", "core"}) {
+		t.Errorf("a batch due upkeep ran %v, want the core grant handing over, the full one for the first call, the core one for the rest", kinds)
+	}
+	if ms, err := rdb.PTTL(ctx, b.keys.gate).Result(); err != nil || ms < 4*time.Second {
+		t.Errorf("the gate hash expires in %v (%v) after the upkeep, want at least a reach (4 s) past the line", ms, err)
+	}
+
+	// A new clock minute: the full grant folds the last minute's grants
+	// (the core grant only counts them in the line) into the stats hash.
+	clk.set(start + minute)
+	kinds = nil
+	if r := reserveOnce(t, b); !r.ok || !slices.Equal(kinds, []string{"core", "full"}) {
+		t.Fatalf("the first grant of a new minute: %+v by %v, want the core grant handing it to the full one", r, kinds)
+	}
+	folded, err := rdb.HMGet(ctx, b.keys.stats, "granted", "granted_c0", "granted_c1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, v := range folded {
+		if s, ok := v.(string); ok {
+			x, _ := strconv.ParseInt(s, 10, 64)
+			n += x
+		}
+	}
+	if n != 7 {
+		t.Errorf("the stats hash holds %d grants after the minute changed, want the last minute's 7 (%v)", n, folded)
+	}
+	if st, err := b.Stats(ctx); err != nil || st.Granted != 8 {
+		t.Errorf("Stats: %d granted (%v), want 8", st.Granted, err)
 	}
 }

@@ -43,7 +43,7 @@ import (
 // at most b units, whose last tick l carries u units. A tick is followed
 // by one interval per b units it carried, unless charge is false (the
 // counters keep the units). A respace marks a tick spent (u of SPENT, see
-// respaceScript): one interval follows it.
+// respaceScript, more than any burst): one interval follows it.
 //
 // logged(l, u, b, kth, span, t, cost): earliest for a bucket that keeps
 // the log of its last k ticks (in a group with a total), whose k-th last
@@ -76,6 +76,7 @@ import (
 // passes what they were last extended to
 // (its 'kept', the local tkept), as the bucket's keys are.
 const groupLua = `
+local SPENT = 1000000000
 local one_item = {}
 local function log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now)
   if k_ticks == k_tags then

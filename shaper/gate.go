@@ -88,10 +88,12 @@ type Bucket struct {
 	// when it has quotas or a group's total, and neither an in-flight cap
 	// nor warm-up (the counted script). fullUntil is the local time (ns)
 	// until which the full script serves it anyway: the core or counted
-	// script handed it a state it cannot decide alone.
-	core      bool
-	counted   bool
-	fullUntil atomic.Int64
+	// script handed it a state it cannot decide alone; adaptUntil the
+	// time until which the adapt grant serves a core bucket (the core
+	// grant found adaptation in force).
+	core                  bool
+	counted               bool
+	fullUntil, adaptUntil atomic.Int64
 	// inSetUntil is the local time (ns) until which a group of one keeps
 	// its tags in the set at the tags key, and its ticks in a list of
 	// their own (tickKeys), listAgain the time from which it may turn the

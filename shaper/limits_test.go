@@ -33,7 +33,7 @@ func TestScriptBindings(t *testing.T) {
 	}
 	// Replies name their codes (codesLua, made from the Go constants):
 	// a bare number where a code goes could drift from Go.
-	for name, body := range map[string]string{"reserve": reserveLua, "core": coreLua, "counted": countedLua} {
+	for name, body := range map[string]string{"reserve": reserveLua, "core": coreLua, "adapt": adaptGrantLua, "counted": countedLua} {
 		if m := regexp.MustCompile(`return \{-?\d`).FindString(body); m != "" {
 			t.Errorf("the %s script returns a bare code (%q): use the names of codesLua", name, m)
 		}
@@ -82,6 +82,7 @@ func TestScriptBindings(t *testing.T) {
 		{"reserve", reserveLua, reserveKeyNames, &fullArgs{}},
 		{"counted", countedLua, countedKeyNames, &countedArgs{}},
 		{"core", coreLua, coreKeyNames, &coreArgs{}},
+		{"adapt", adaptGrantLua, adaptKeyNames, &coreArgs{}},
 		{"refused", refusedLua, refusedKeyNames, &refusedArgs{}},
 		{"start", startLua, startKeyNames, &startArgs{}},
 		{"apply", applyLua, applyKeyNames, &applyArgs{}},

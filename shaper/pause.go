@@ -16,11 +16,12 @@ import (
 // is one, says that something beyond the common line shapes it (in its
 // control hash a pause, a rate, a learned guard; in the gate hash a high
 // call waiting, "hi_until", or costly calls, "costly_until"), so that the
-// core script reads those fields: the common grant reads none of them.
+// adapt grant reads those fields: the common (core) grant reads none of
+// them, and hands the call to the adapt grant while the mark is there.
 // Every writer of such a field calls it (the full reserve script writes
 // the mark itself with the gate hash's fields); the full reserve script
 // sets the mark again when it makes a gate hash anew while one is in
-// force, and the core script takes it away once nothing is.
+// force, and the adapt grant takes it away once nothing is.
 //
 // gate_kept(k_gate, now): until when the gate hash lives (µs; now when it
 // does not exist or has no expiry). A writer of the control hash keeps it

@@ -973,28 +973,30 @@ return {ANSWERED, known, tol, interval, bare, GRANTED, tick - now, 0, tick}
 // one (a high call waits) come back, in their order.
 const batchStagger = time.Millisecond
 
-// fullFor is how long a bucket the core script handed to the full one
-// stays with the full one: what the core script cannot decide (a learned
-// rate, counters in use after a costly call) lasts a while, and asking
-// the core script first would cost a second round trip on every grant.
-// A state the lean grant found missing (needState: a new bucket, one
-// that expired after idle, another server's) does not last: the full
-// grant writes it, and the next grant is lean again.
+// fullFor is how long a bucket a lean grant handed to a richer one
+// stays with it: what the lean grant cannot decide (adaptation in force,
+// a learned rate, counters in use after a costly call, another replica's
+// tick the widest) lasts a while, and asking the lean grant first would
+// cost a second round trip on every grant. What the lean grant found
+// missing or due (needState: a new bucket, one that expired after idle,
+// another server's; needUpkeep: the keys' expiry, the widest tick's
+// refresh, the minute's count) does not last: the full grant writes it,
+// and the next grant is lean again.
 const fullFor = time.Second
 
 // stayFull keeps the bucket on the full grant for fullFor after a lean
 // grant handed a call over (reply res) for a reason that lasts.
 func (b *Bucket) stayFull(res []any, now time.Time) {
-	if code, ok := res[0].(int64); ok && handover(code) == needState {
+	if code, ok := res[0].(int64); ok && (handover(code) == needState || handover(code) == needUpkeep) {
 		return
 	}
 	b.fullUntil.Store(now.Add(fullFor).UnixNano())
 }
 
 // reserve asks for the next tick of a call of req in one Redis round
-// trip (two when the core script hands the call to the full one, at most
-// once per fullFor). Being deferred is not an error: errors mean Redis
-// failed.
+// trip (two when a lean grant hands the call to a richer one: at most
+// once per fullFor for what lasts, once per upkeep for what does not).
+// Being deferred is not an error: errors mean Redis failed.
 func (b *Bucket) reserve(ctx context.Context, req Request) (reservation, error) {
 	rs, err := b.reserveMany(ctx, []Request{req})
 	if err != nil {
@@ -1062,21 +1064,21 @@ func (b *Bucket) batchable(req Request) bool {
 	return b.core && max(req.Cost, 1) == 1 && req.Lane == Normal && !strings.Contains(req.Tag, "\n")
 }
 
-// reserveAt runs the core script for all of reqs when they fit it and the
-// server is known, else the counted script for each call that fits it,
-// else (or when the core or counted script hands them over) the full one.
-func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, now time.Time) ([]reservation, error) {
-	lean := server != "" && now.UnixNano() >= b.fullUntil.Load()
-	core := lean
-	for _, req := range reqs {
-		core = core && b.batchable(req)
+// reserveLean runs the core grant for all of reqs, or the adapt grant
+// while adaptation is in force (the core grant hands it over, needAdapt:
+// the adapt grant then serves the bucket for fullFor). ok is false when
+// the lean grants handed the calls over to the full one.
+func (b *Bucket) reserveLean(ctx context.Context, reqs []Request, server string, now time.Time) (rs []reservation, ok bool, err error) {
+	args := b.coreArgs(reqs, server).argv()
+	kind, fn, keys := "core", coreFunction, bucketKeys.core
+	if now.UnixNano() < b.adaptUntil.Load() {
+		kind, fn, keys = "adapt", adaptFunction, bucketKeys.adapt
 	}
-	if core {
-		b.gate.testRun("core")
-		args := b.coreArgs(reqs, server)
-		res, err := b.runGrant(ctx, coreFunction, bucketKeys.core, args.argv())
+	for {
+		b.gate.testRun(kind)
+		res, err := b.runGrant(ctx, fn, keys, args)
 		if err != nil {
-			return nil, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
+			return nil, false, fmt.Errorf("shaper: reserve a tick for %q: %w", b.name, unavailable(ctx, err))
 		}
 		if rs, ok, err := b.parseReply(res, len(reqs), server); ok || err != nil {
 			for i := range rs {
@@ -1084,11 +1086,58 @@ func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, n
 					rs[i].tag = reqs[i].Tag
 				}
 			}
-			return rs, err
+			return rs, ok, err
+		}
+		if code, _ := res[0].(int64); kind == "core" && handover(code) == needAdapt {
+			b.adaptUntil.Store(now.Add(fullFor).UnixNano())
+			kind, fn, keys = "adapt", adaptFunction, bucketKeys.adapt
+			continue
 		}
 		b.stayFull(res, now)
+		return nil, false, nil
+	}
+}
+
+// reserveAt runs the core (or adapt) grant for all of reqs when they fit
+// it and the server is known, else the counted grant for each call that
+// fits it, else (or when a lean grant hands them over) the full one.
+func (b *Bucket) reserveAt(ctx context.Context, reqs []Request, server string, now time.Time) ([]reservation, error) {
+	lean := server != "" && now.UnixNano() >= b.fullUntil.Load()
+	core := lean
+	for _, req := range reqs {
+		core = core && b.batchable(req)
+	}
+	if core {
+		rs, ok, err := b.reserveLean(ctx, reqs, server, now)
+		if ok || err != nil {
+			return rs, err
+		}
+		if len(reqs) > 1 && now.UnixNano() >= b.fullUntil.Load() {
+			// Handed over for what one full grant settles (the state, an
+			// upkeep): the full grant takes the first call, and the rest
+			// are one lean batch again.
+			first, err := b.reserveEach(ctx, reqs[:1], server, now, false)
+			if err != nil {
+				return nil, err
+			}
+			if first[0].server != "" {
+				server = first[0].server
+			}
+			rest, err := b.reserveAt(ctx, reqs[1:], server, now)
+			if err != nil {
+				return nil, err
+			}
+			return append(first, rest...), nil
+		}
 		lean = false
 	}
+	return b.reserveEach(ctx, reqs, server, now, lean)
+}
+
+// reserveEach runs a grant for each call of reqs in turn: the counted
+// one while lean and the bucket fits it, else (or when the counted one
+// hands the call over) the full one.
+func (b *Bucket) reserveEach(ctx context.Context, reqs []Request, server string, now time.Time, lean bool) ([]reservation, error) {
 	out := make([]reservation, 0, len(reqs))
 	for _, req := range reqs {
 		var lease string
@@ -1223,9 +1272,9 @@ func (b *Bucket) coreArgs(reqs []Request, server string) coreArgs {
 	}
 	return coreArgs{
 		Now: b.gate.redisNow(), Server: runOf(server), Tags: tags.String(), Mine: b.mine(iv.Microseconds(), burst),
-		Policy: fmt.Sprintf("%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s", iv.Microseconds(), burst, horizon.Microseconds(),
-			b.keep.Microseconds(), replicaLive.Microseconds(), b.tickLog(), (p.Limits[0].Window + guard).Microseconds(),
-			p.Limits[0].Window.Microseconds(), p.Limits[0].Rate, tagKeep.Microseconds(), b.member),
+		Policy: fmt.Sprintf("%d|%d|%d|%d|%d|%d|%d|%d|%d|%d", iv.Microseconds(), burst, horizon.Microseconds(),
+			b.keep.Microseconds(), b.tickLog(), (p.Limits[0].Window + guard).Microseconds(),
+			p.Limits[0].Window.Microseconds(), p.Limits[0].Rate, tagKeep.Microseconds(), (replicaLive / 4).Microseconds()),
 	}
 }
 
