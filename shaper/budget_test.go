@@ -26,31 +26,32 @@ import (
 // code (before that, with the Lua's own comments: core 356, counted 752,
 // reserve 1100).
 var luaCeilings = map[string]int{
-	"coreFunction":    149, // the hot path only: upkeep (keys, the minute's count, another replica's widest) handed to the full grant; adaptation to the adapt grant; scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
-	"adaptFunction":   180, // the core grant with adaptation applied (a pause, a rate, a lesson, a high call)
-	"countedFunction": 606, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
-	"reserveFunction": 898, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
-	"giveUpScript":    213, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
-	"countUsedScript": 177, // counter_adopt; counter_add without a table
-	"limitsScript":    164, // counter_adopt; counter_add without a table
-	"refusedScript":   134, // unsend, and the judge skips kept items; gate_kept: a control hash outlives the gate's keys (reachLua)
-	"applyScript":     89,  // gate_kept: a control hash outlives the gate's keys (reachLua)
-	"planScript":      63,
-	"statsScript":     51,
-	"respaceScript":   65, // widest itself (17 lines)
-	"raiseScript":     43,
-	"lineScript":      37,
-	"lowerScript":     34, // gate_kept: a control hash outlives the gate's keys (reachLua)
-	"pauseScript":     32, // gate_kept: a control hash outlives the gate's keys (reachLua)
-	"countScript":     23,
-	"setRateScript":   20, // gate_kept: a control hash outlives the gate's keys (reachLua)
-	"backlogsScript":  17,
-	"startScript":     15,
-	"checkScript":     6,
-	"taggedScript":    69,
-	"untagScript":     59,
-	"toSetScript":     69, // a group of accounts' form of the tags key, after a group of one's (retag)
-	"toListScript":    93, // convert_tags, as the full grant has it (layout 3 -> 4)
+	"coreFunction":     150, // the hot path only: upkeep (keys, the minute's count, another replica's widest) handed to the full grant; adaptation to the adapt grant; scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
+	"coreFoldFunction": 180, // the core grant of an account: its count folded into the group's stats hash as it goes
+	"adaptFunction":    211, // the core grant with adaptation applied (a pause, a rate, a lesson, a high call)
+	"countedFunction":  606, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
+	"reserveFunction":  898, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
+	"giveUpScript":     213, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
+	"countUsedScript":  177, // counter_adopt; counter_add without a table
+	"limitsScript":     164, // counter_adopt; counter_add without a table
+	"refusedScript":    134, // unsend, and the judge skips kept items; gate_kept: a control hash outlives the gate's keys (reachLua)
+	"applyScript":      89,  // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"planScript":       63,
+	"statsScript":      51,
+	"respaceScript":    65, // widest itself (17 lines)
+	"raiseScript":      43,
+	"lineScript":       37,
+	"lowerScript":      34, // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"pauseScript":      32, // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"countScript":      23,
+	"setRateScript":    20, // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"backlogsScript":   17,
+	"startScript":      15,
+	"checkScript":      6,
+	"taggedScript":     69,
+	"untagScript":      59,
+	"toSetScript":      69, // a group of accounts' form of the tags key, after a group of one's (retag)
+	"toListScript":     93, // convert_tags, as the full grant has it (layout 3 -> 4)
 }
 
 // exportCeiling is the most identifiers package shaper may export: its
@@ -63,31 +64,32 @@ const exportCeiling = 60 // BoundUpgrade: what holds a call while a newer shaper
 func luaTexts() map[string]string {
 	src := func(s *redis.Script) string { return reflect.ValueOf(s).Elem().FieldByName("src").String() }
 	return map[string]string{
-		"coreFunction":    src(coreFunction.script),
-		"adaptFunction":   src(adaptFunction.script),
-		"countedFunction": src(countedFunction.script),
-		"reserveFunction": src(reserveFunction.script),
-		"giveUpScript":    src(giveUpScript),
-		"countUsedScript": src(countUsedScript),
-		"limitsScript":    src(limitsScript),
-		"refusedScript":   src(refusedScript),
-		"applyScript":     src(applyScript),
-		"planScript":      src(planScript),
-		"statsScript":     src(statsScript),
-		"respaceScript":   src(respaceScript),
-		"raiseScript":     src(raiseScript),
-		"lineScript":      src(lineScript),
-		"lowerScript":     src(lowerScript),
-		"pauseScript":     src(pauseScript),
-		"countScript":     src(countScript),
-		"setRateScript":   src(setRateScript),
-		"backlogsScript":  src(backlogsScript),
-		"startScript":     src(startScript),
-		"checkScript":     src(checkScript),
-		"taggedScript":    src(taggedScript),
-		"untagScript":     src(untagScript),
-		"toSetScript":     src(toSetScript),
-		"toListScript":    src(toListScript),
+		"coreFunction":     src(coreFunction.script),
+		"adaptFunction":    src(adaptFunction.script),
+		"coreFoldFunction": src(coreFoldFunction.script),
+		"countedFunction":  src(countedFunction.script),
+		"reserveFunction":  src(reserveFunction.script),
+		"giveUpScript":     src(giveUpScript),
+		"countUsedScript":  src(countUsedScript),
+		"limitsScript":     src(limitsScript),
+		"refusedScript":    src(refusedScript),
+		"applyScript":      src(applyScript),
+		"planScript":       src(planScript),
+		"statsScript":      src(statsScript),
+		"respaceScript":    src(respaceScript),
+		"raiseScript":      src(raiseScript),
+		"lineScript":       src(lineScript),
+		"lowerScript":      src(lowerScript),
+		"pauseScript":      src(pauseScript),
+		"countScript":      src(countScript),
+		"setRateScript":    src(setRateScript),
+		"backlogsScript":   src(backlogsScript),
+		"startScript":      src(startScript),
+		"checkScript":      src(checkScript),
+		"taggedScript":     src(taggedScript),
+		"untagScript":      src(untagScript),
+		"toSetScript":      src(toSetScript),
+		"toListScript":     src(toListScript),
 	}
 }
 

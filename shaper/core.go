@@ -44,10 +44,9 @@ const (
 var codesLua = fmt.Sprintf(`local DEFERRED, GRANTED, ANSWERED, NEED_STATE, NEED_ADAPT, NEED_LEARNED, NEED_COSTLY = %d, %d, %d, %d, %d, %d, %d
 local NEED_WIDE, NEED_UPKEEP = %d, %d
 local BEYOND_HORIZON, IN_FLIGHT_FULL, STATE_RESET, BEHIND_HIGH, HELD_BY_LIMIT, HELD_BY_PAUSE, NEWER_LAYOUT = %d, %d, %d, %d, %d, %d, %d
-local NO_SERVER = '%s'
 local function handover(why) return {why, '', 0, 0, 0} end
 `, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly, needWide, needUpkeep,
-	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, newerLayout, noServer)
+	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, newerLayout)
 
 // fmtLua defines fmt(x): an integer as a string, without exponent.
 const fmtLua = `
@@ -210,8 +209,10 @@ end
 // version takes a state of this one for a stale copy, as this one takes
 // its: a switch between them costs a horizon, and the two never grant at
 // once; a newer one's is not this version's to read or write
-// (newer_layout).
+// (newer_layout). NO_SERVER is the run_id of a server whose INFO is
+// refused (noServer).
 var runOfLua = `
+local NO_SERVER = '` + noServer + `'
 local function run_of(runid) return '` + runTag + `' .. runid end
 `
 
@@ -417,6 +418,11 @@ local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
 end
 
 ` + logTicksLua + `
+` + foldLua
+
+// foldLua defines fold_granted and count_granted (see lineLua). It needs
+// rollLua.
+var foldLua = `
 local function fold_granted(key, gm, c, m)
   if gm < m - 1 then
     redis.call('HINCRBY', key, 'granted', fmt(c))
@@ -434,6 +440,29 @@ local function count_granted(key, k, m, gm, gc)
   if gc < ` + grantFoldLua + ` then return gc end
   fold_granted(key, m, gc, m)
   return 0
+end
+`
+
+// tallyLua defines tally(k_stats, gm, gc, k, m), the gate hash's count
+// of grants (gc in clock minute gm, see count_granted) after k more in
+// minute m, for the core grant of a group of one: counted in the line
+// alone, since Stats adds what the line holds; nil when the minute
+// changed (the full grant folds the count of the minute before, an
+// upkeep). Nothing is written.
+const tallyLua = `
+local function tally(k_stats, gm, gc, k, m)
+  if k == 0 or gm == m then return gm, gc + k end
+end
+`
+
+// tallyFoldLua defines tally as the grants of a bucket in a group
+// (whose stats hash its group's readers read without its line) and the
+// adapt grant keep it: folded into the stats hash every grantFold grants
+// and when the minute changes (count_granted).
+const tallyFoldLua = `
+local function tally(k_stats, gm, gc, k, m)
+  if k == 0 then return gm, gc end
+  return m, count_granted(k_stats, k, m, gm, gc)
 end
 `
 
@@ -576,7 +605,12 @@ func (a coreArgs) argv() []any {
 // deferred one. It replies as every grant (see replyHeader), a call per
 // tag of the batch, and runs as a Redis function where the server has
 // them (see functions.go).
-var coreFunction = newFunction("core", coreDefsLua, coreLua)
+var coreFunction = newFunction("core", coreDefsLua+tallyLua, coreLua)
+
+// coreFoldFunction is the core grant of a bucket in a group (an
+// account): the same, with its grants folded into the group's stats
+// hash as it goes (tallyFoldLua).
+var coreFoldFunction = newFunction("core_fold", coreDefsLua+foldDefsLua, coreLua)
 
 // coreLua is the core grant's body: adaptation in force is the adapt
 // grant's.
@@ -585,7 +619,7 @@ var coreLua = coreHeadLua + "if adapted then return handover(NEED_ADAPT) end\n" 
 // adaptFunction is the core grant with adaptation applied (adaptLua):
 // what the core grant runs while the gate hash says adaptation is in
 // force.
-var adaptFunction = newFunction("adapt", coreDefsLua+spacingLua, adaptGrantLua)
+var adaptFunction = newFunction("adapt", coreDefsLua+spacingLua+foldDefsLua, adaptGrantLua)
 
 // adaptGrantLua is the adapt grant's body.
 var adaptGrantLua = coreHeadLua + adaptLua + coreTailLua
@@ -593,6 +627,10 @@ var adaptGrantLua = coreHeadLua + adaptLua + coreTailLua
 // coreDefsLua is what the core and adapt grants define once.
 var coreDefsLua = codesLua + fmtLua + nowFromLua + lineFieldLua + heldLua + putLua + logTicksLua + cacheLua + corePolicyLua +
 	emptiedLua + "local scratch = {tags = {}, ticks = {}, tagged = {}}\n"
+
+// foldDefsLua is what a grant that folds its count of grants into the
+// stats hash adds (tallyFoldLua).
+var foldDefsLua = rollLua + foldLua + tallyFoldLua
 
 // scratchLua defines scratch, the tables a grant fills on every call
 // instead of making new ones (a function's library lives on between
@@ -710,16 +748,14 @@ end
 // moment to come back (at), one tick after the last deferred caller's
 // (defer_at, read only then). Then, before anything is written, the
 // calls are handed to the full grant (NEED_UPKEEP) when the keys must be
-// extended (the line passes what they were extended to, kept) or the
-// grants of a past clock minute folded into the stats hash (gm: the
-// gate hash counts the minute's grants in gc, see count_granted, and
-// only the full grant folds them). Else the line, the deferred moment,
-// the ticks list and the tag record.
+// extended (the line passes what they were extended to, kept) or, for a
+// group of one, the grants of a past clock minute folded into the stats
+// hash (see tally). Else the line, the deferred moment, the ticks list
+// and the tag record.
 const coreTailLua = `
 local out = {ANSWERED, '', tol, interval, bare}
 local ticks, tagged = emptied(scratch.ticks), emptied(scratch.tagged)
-local pace, at = math.floor(interval / burst), 0
-local from, deferred = math.max(now, paused), 0
+local pace, at, from, deferred = math.floor(interval / burst), 0, math.max(now, paused), 0
 for i = 1, #tags do
   local tick = from
   if tick <= last and n < burst then tick = last else tick = math.max(tick, last + interval) end
@@ -740,14 +776,14 @@ for i = 1, #tags do
   end
 end
 
-if math.max(last, at) + p.keep > kept or (#ticks > 0 and gm ~= math.floor(now / 60000000)) then
-  return handover(NEED_UPKEEP)
-end
+if math.max(last, at) + p.keep > kept then return handover(NEED_UPKEEP) end
+gm, gc = tally(k_stats, gm, gc, #ticks, math.floor(now / 60000000))
+if not gm then return handover(NEED_UPKEEP) end
 if deferred > 0 then
-  redis.call('HSET', k_gate, 'defer_at', fmt(at), 'line', line_of(last, n, gm, gc + #ticks, kept, wiv, wb, wfresh))
+  redis.call('HSET', k_gate, 'defer_at', fmt(at), 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
   redis.call('HINCRBY', k_stats, 'deferred', fmt(deferred))
 elseif #ticks > 0 then
-  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc + #ticks, kept, wiv, wb, wfresh))
+  redis.call('HSET', k_gate, 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
 if refresh then redis.call('HSET', k_gate, 'wide_at', fmt(now)) end
 if #ticks > 0 then

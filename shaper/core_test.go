@@ -282,3 +282,33 @@ func TestCoreGrantKeepsToTheHotPath(t *testing.T) {
 		t.Errorf("Stats: %d granted (%v), want 8", st.Granted, err)
 	}
 }
+
+// TestAccountsCoreGrantFoldsItsCount: an account of a group without a
+// total runs the core grant, and its grants reach the group's stats hash
+// as they go (every grantFold), not once a minute: the vendor's Stats
+// reads that hash, not the accounts' lines. With the group of one's
+// core grant (which counts in its line only) the vendor saw none of them
+// until the minute changed.
+func TestAccountsCoreGrantFoldsItsCount(t *testing.T) {
+	ctx := context.Background()
+	rdb, vendor, account := vendorAndAccount(t, Policy{Limits: []Limit{{Rate: 1000, Window: time.Second}}, Horizon: time.Second})
+	var kinds []string
+	account.gate.testScript = func(kind string) { kinds = append(kinds, kind) }
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := fakeRedisTime(account.gate, now.UnixMicro())
+	const n = 3 * grantFold
+	grantTicks(t, account, clk, n)
+	if slices.Index(kinds, "core") < 0 {
+		t.Fatalf("%d grants by %v; want most by the core grant", n, kinds)
+	}
+	st, err := vendor.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Granted < n-grantFold {
+		t.Errorf("the vendor's stats count %d of its account's %d grants, want at least %d (all but the last fold's)", st.Granted, n, n-grantFold)
+	}
+}

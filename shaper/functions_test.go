@@ -59,7 +59,7 @@ func TestGrantsRunAsFunctions(t *testing.T) {
 		return len(libs) == 1 && len(libs[0].Functions) == 1 && libs[0].Functions[0].Name == f.name
 	}
 	grantsOn(t, g, 20)
-	for _, f := range []*function{coreFunction, countedFunction, reserveFunction} {
+	for _, f := range []*function{coreFunction, coreFoldFunction, adaptFunction, countedFunction, reserveFunction} {
 		if g.noFunctions.Load() || !loaded(f) {
 			t.Fatalf("after 20 grants: functions off %v, %s loaded %v; want it loaded as a function", g.noFunctions.Load(), f.name, loaded(f))
 		}
@@ -90,7 +90,7 @@ func TestCoreRunsAsAScriptWithoutFunctions(t *testing.T) {
 // the library's steps and the body's bindings share).
 func TestScriptsLoadOnRedis(t *testing.T) {
 	rdb := redistest.Client(t)
-	for _, f := range []*function{coreFunction, countedFunction, reserveFunction} {
+	for _, f := range []*function{coreFunction, coreFoldFunction, adaptFunction, countedFunction, reserveFunction} {
 		if err := f.script.Load(context.Background(), rdb).Err(); err != nil {
 			t.Errorf("%s as a script: %v", f.name, err)
 		}

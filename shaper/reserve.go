@@ -1071,6 +1071,9 @@ func (b *Bucket) batchable(req Request) bool {
 func (b *Bucket) reserveLean(ctx context.Context, reqs []Request, server string, now time.Time) (rs []reservation, ok bool, err error) {
 	args := b.coreArgs(reqs, server).argv()
 	kind, fn, keys := "core", coreFunction, bucketKeys.core
+	if b.member != "" {
+		fn = coreFoldFunction
+	}
 	if now.UnixNano() < b.adaptUntil.Load() {
 		kind, fn, keys = "adapt", adaptFunction, bucketKeys.adapt
 	}
