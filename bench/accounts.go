@@ -42,6 +42,8 @@ type accountsResult struct {
 	Steady                         time.Duration // while every account had calls waiting
 	LagP99, LagMax                 time.Duration // from a call's tick to the vendor reading it
 	GateTrips                      int           // gate round trips (reservations and ticks given up)
+	Spread                         time.Duration // from the vendor's first call to the last account's first
+	Longest                        time.Duration // the longest of an account's first call to its last
 }
 
 // tickHeader sends each call's tick, for the vendor to measure how late
@@ -170,6 +172,7 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 		}
 		f, l := ts[0], ts[len(ts)-1]
 		allIn = maxTime(allIn, f)
+		res.Longest = max(res.Longest, l.Sub(f))
 		if firstOut.IsZero() || l.Before(firstOut) {
 			firstOut = l
 		}
@@ -180,6 +183,7 @@ func accountsRun(addr string, n, perAccount, callsEach, replicas int) (accountsR
 	if len(all) > 1 {
 		first, last := slices.MinFunc(all, time.Time.Compare), slices.MaxFunc(all, time.Time.Compare)
 		res.Whole = float64(len(all)-1) / last.Sub(first).Seconds()
+		res.Spread = allIn.Sub(first)
 	}
 	if len(lagList) > 0 {
 		slices.Sort(lagList)
@@ -216,11 +220,12 @@ func maxTime(a, b time.Time) time.Time {
 // accountsTable renders runs of accountsRun.
 func accountsTable(rs []accountsResult) string {
 	var b strings.Builder
-	b.WriteString("| accounts x limit/s | replicas | calls done | HTTP 429s | most calls of one account in one of its windows / limit | calls/s while every account had calls waiting | share of what the vendor allows | p10 of accounts' own share | tick to vendor p99 / max | gate round trips per call | calls/s, first call to last | took |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| accounts x limit/s | replicas | calls done | HTTP 429s | most calls of one account in one of its windows / limit | calls/s while every account had calls waiting | share of what the vendor allows | p10 of accounts' own share | tick to vendor p99 / max | gate round trips per call | calls/s, first call to last | first calls spread / longest account | took |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d x %d | %d | %d/%d | %d | %d / %d | %.0f (over %s) | **%.1f%%** | %.1f%% | %s / %s | %.2f | %.0f | %s |\n",
+		fmt.Fprintf(&b, "| %d x %d | %d | %d/%d | %d | %d / %d | %.0f (over %s) | **%.1f%%** | %.1f%% | %s / %s | %.2f | %.0f | %s / %s | %s |\n",
 			r.Accounts, r.PerAccount, r.Replicas, r.Done, r.Calls, r.RateLimited, r.WorstWindow, r.PerAccount,
-			r.Delivered, r.Steady.Round(100*time.Millisecond), 100*r.Share, 100*r.ShareP10, r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond), float64(r.GateTrips)/float64(max(r.Done, 1)), r.Whole, r.Took.Round(100*time.Millisecond))
+			r.Delivered, r.Steady.Round(100*time.Millisecond), 100*r.Share, 100*r.ShareP10, r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond), float64(r.GateTrips)/float64(max(r.Done, 1)), r.Whole,
+			r.Spread.Round(10*time.Millisecond), r.Longest.Round(10*time.Millisecond), r.Took.Round(100*time.Millisecond))
 	}
 	return b.String()
 }
