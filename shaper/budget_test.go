@@ -29,8 +29,8 @@ var luaCeilings = map[string]int{
 	"coreFunction":     150, // the hot path only: upkeep (keys, the minute's count, another replica's widest) handed to the full grant; adaptation to the adapt grant; scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
 	"coreFoldFunction": 180, // the core grant of an account: its count folded into the group's stats hash as it goes
 	"adaptFunction":    211, // the core grant with adaptation applied (a pause, a rate, a lesson, a high call)
-	"countedFunction":  606, // counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
-	"reserveFunction":  898, // the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
+	"countedFunction":  544, // the hot path: another replica\'s widest tick (needWide) and a counter to adopt (needUpkeep) go to the full grant, its own widest tick refreshed in place; counter_fill left out; counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
+	"reserveFunction":  900, // +2 (counter_adopt declared before counter_load, which hands a lean grant over where it would adopt); the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
 	"giveUpScript":     213, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
 	"countUsedScript":  177, // counter_adopt; counter_add without a table
 	"limitsScript":     164, // counter_adopt; counter_add without a table

@@ -384,7 +384,10 @@ end
 // Stats adds what the gate hash holds to what the stats hash does. A
 // gate hash that expires after idle takes the count it had not folded
 // with it.
-var lineLua = putLua + widestLua + `
+var lineLua = putLua + widestLua + wideEntryLua + keepAliveLua + logTicksLua + foldLua
+
+// wideEntryLua defines wide_entry and line_widest (see lineLua).
+const wideEntryLua = `
 local function wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   if wide_at_new then return iv, b, wide_at_new + math.floor(live / 4) end
   local wiv, wb = string.match(wide or '', '^(%d+)|(%d+)|')
@@ -400,7 +403,10 @@ local function line_widest(k_gate, mine, iv, b, live, now, wiv, wb, wfresh)
   wiv, wb, wfresh = wide_entry(wide, wide_at, wide_at_new, iv, b, live)
   return interval, burst, wide_new, wide_at_new, wiv, wb, wfresh
 end
+`
 
+// keepAliveLua defines keep_alive (see lineLua). It needs extendLua.
+var keepAliveLua = `
 local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   if untilv <= kept then return nil end
   untilv = untilv + ` + reachLua + `
@@ -416,9 +422,7 @@ local function keep_alive(k, untilv, kept, paused, keep, tag_keep, now)
   end
   return untilv
 end
-
-` + logTicksLua + `
-` + foldLua
+`
 
 // foldLua defines fold_granted and count_granted (see lineLua). It needs
 // rollLua.

@@ -357,7 +357,7 @@ end
 //
 // It replies as every grant (see replyHeader), for one call.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
-	lineFieldLua+runOfLua+heldLua+lineLua+ringLua+groupLua+cacheLua+policyLua+scratchLua, countedLua)
+	lineFieldLua+runOfLua+heldLua+putLua+keepAliveLua+logTicksLua+foldLua+ringLua+groupLua+cacheLua+policyLua+scratchLua, countedLua)
 
 // countedLua is the counted grant's main part. It binds KEYS
 // (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,
@@ -435,13 +435,13 @@ if tot then
   if (tonumber(ts.costly_until) or 0) > now then return handover(NEED_COSTLY) end
 end
 
-local interval, burst, wide_new, wide_at_new
-interval, burst, wide_new, wide_at_new, wiv, wb, wfresh = line_widest(k_gate, a_mine, p.interval, p.burst, p.live, now,
-  wiv, wb, wfresh)
-if wide_at_new then
-  redis.call('HSET', k_gate, 'wide', wide_new or a_mine, 'wide_at', fmt(wide_at_new), 'line',
-    line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
+if wiv ~= p.interval or wb ~= p.burst then return handover(NEED_WIDE) end
+if now >= wfresh then
+  if redis.call('HGET', k_gate, 'wide') ~= a_mine then return handover(NEED_UPKEEP) end
+  wfresh = now + math.floor(p.live / 4)
+  redis.call('HSET', k_gate, 'wide_at', fmt(now), 'line', line_of(last, n, gm, gc, kept, wiv, wb, wfresh))
 end
+local interval, burst = p.interval, p.burst
 local fair, asked = 0, false
 if tiv > 0 and a_member ~= '' then
   local k, g = scratch.fair_keys, scratch.fair
@@ -453,11 +453,11 @@ end
 
 local start = now
 for _, c in ipairs(p.quotas) do
-  counter_load(k_counts, c, now, true)
+  if counter_load(k_counts, c, now, true) == false then return handover(NEED_UPKEEP) end
   start = math.max(start, counter_free_at(k_counts, c, 1, now))
 end
 for _, c in ipairs(tot and tot.quotas or scratch.none) do
-  counter_load(k_total_counts, c, now, true)
+  if counter_load(k_total_counts, c, now, true) == false then return handover(NEED_UPKEEP) end
   start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
 end
 

@@ -28,7 +28,7 @@ type LimitUse struct {
 // KEYS[1] the counters hash. ARGV[1] Redis time override (µs; 0: TIME),
 // ARGV[2] the limits (limitSpec).
 // Returns {used, next (µs from now), used, next, ...}, one pair a limit.
-var limitsScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + `
+var limitsScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + counterAdoptLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
 local a_limits = ARGV[2]
@@ -84,7 +84,7 @@ func readLimits(ctx context.Context, g *Gate, name, key string, p Policy, spec s
 // Returns the units added (0: the gate's own count was as high). A fill
 // (c.fill: what a lost state may have granted, see counter_fill) was a
 // guess: the vendor's count replaces it.
-var countUsedScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + `
+var countUsedScript = redis.NewScript(fmtLua + nowLua + extendLua + countersLua + counterAdoptLua + `
 local k_counts = KEYS[1]
 local a_now = tonumber(ARGV[1])
 local a_limits = ARGV[2]

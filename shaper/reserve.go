@@ -130,7 +130,10 @@ end
 // slots_in).
 //
 // counter_load(key, c, now, write) reads counter c and drops the slots no
-// window ending at or after now holds (when write is true). It reads the
+// window ending at or after now holds (when write is true). Where
+// counter_adopt is left out (counterAdoptLua, the counted grant), a
+// counter it would adopt (none yet, or written in another slot width) is
+// not read: it returns false. It reads the
 // units of now's slot too (c.jn, c.jn_units), where a grant's tick
 // usually falls: counter_add then writes them with the sum, in one
 // command.
@@ -149,6 +152,7 @@ end
 // to nil: the units of now's slot may be gone, and counter_add adds to
 // what the hash holds.
 const countersLua = `
+local counter_adopt = nil
 local function parse_limits(spec)
   local out = {}
   for kind, rate, span, slot, id in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+):([%w.]+)') do
@@ -165,30 +169,6 @@ local function counters_in_use(all, spaced)
     if c.kind == 'q' then out[#out + 1] = c end
   end
   return out
-end
-
-local function counter_adopt(key, c, old, now)
-  local sum, low, top = unpack(redis.call('HMGET', key, old.id .. ':sum', old.id .. ':low', old.id .. ':top'))
-  if not (sum and low and top) then return nil end
-  top = tonumber(top)
-  low = math.max(tonumber(low), top - 4096)
-  local names, moved, f = {}, {}, {}
-  for j = low, top do names[#names + 1] = old.id .. ':' .. fmt(j) end
-  local units = redis.call('HMGET', key, unpack(names))
-  for _, name in ipairs({'sum', 'low', 'top', 'fill', 'fill_j', 'slot'}) do names[#names + 1] = old.id .. ':' .. name end
-  for i = 1, #names, 500 do redis.call('HDEL', key, unpack(names, i, math.min(i + 499, #names))) end
-  local first, last = nil, math.floor(((top + 1) * old.slot - 1) / c.slot)
-  for i, u in ipairs(units) do
-    if u then
-      local j = math.floor(((low + i) * old.slot - 1) / c.slot)
-      moved[j], first = (moved[j] or 0) + tonumber(u), first or j
-    end
-  end
-  if not first then first, moved[last] = last, tonumber(sum) end
-  for j, u in pairs(moved) do f[#f + 1], f[#f + 2] = c.id .. ':' .. fmt(j), u end
-  redis.call('HSET', key, c.id .. ':sum', sum, c.id .. ':low', fmt(first), c.id .. ':top', fmt(last), c.id .. ':slot', c.slot,
-    unpack(f))
-  return sum, fmt(first), fmt(last)
 end
 
 local function slot_fields(c, from, to)
@@ -227,6 +207,7 @@ local function counter_load(key, c, now, write)
   c.jn = math.floor(now / c.slot)
   local sum, low, top, fill, units, slot = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
     c.id .. ':fill', c.id .. ':' .. fmt(c.jn), c.id .. ':slot'))
+  if write and not counter_adopt and (not sum or (slot and tonumber(slot) ~= c.slot)) then return false end
   if not sum and write then sum, low, top = counter_adopt(key, c, {id = c.pos, slot = c.slot}, now) end
   if slot and tonumber(slot) ~= c.slot and sum and write then
     sum, low, top = counter_adopt(key, c, {id = c.id, slot = tonumber(slot)}, now)
@@ -288,7 +269,40 @@ local function counter_add(key, c, t, cost, keep, now)
     redis.call('HSET', key, unpack(f))
   end
 end
+`
 
+// counterAdoptLua defines counter_adopt (see countersLua), which the
+// counted grant leaves out: a counter to adopt hands its call to the full
+// grant (counter_load returns false).
+const counterAdoptLua = `
+counter_adopt = function(key, c, old, now)
+  local sum, low, top = unpack(redis.call('HMGET', key, old.id .. ':sum', old.id .. ':low', old.id .. ':top'))
+  if not (sum and low and top) then return nil end
+  top = tonumber(top)
+  low = math.max(tonumber(low), top - 4096)
+  local names, moved, f = {}, {}, {}
+  for j = low, top do names[#names + 1] = old.id .. ':' .. fmt(j) end
+  local units = redis.call('HMGET', key, unpack(names))
+  for _, name in ipairs({'sum', 'low', 'top', 'fill', 'fill_j', 'slot'}) do names[#names + 1] = old.id .. ':' .. name end
+  for i = 1, #names, 500 do redis.call('HDEL', key, unpack(names, i, math.min(i + 499, #names))) end
+  local first, last = nil, math.floor(((top + 1) * old.slot - 1) / c.slot)
+  for i, u in ipairs(units) do
+    if u then
+      local j = math.floor(((low + i) * old.slot - 1) / c.slot)
+      moved[j], first = (moved[j] or 0) + tonumber(u), first or j
+    end
+  end
+  if not first then first, moved[last] = last, tonumber(sum) end
+  for j, u in pairs(moved) do f[#f + 1], f[#f + 2] = c.id .. ':' .. fmt(j), u end
+  redis.call('HSET', key, c.id .. ':sum', sum, c.id .. ':low', fmt(first), c.id .. ':top', fmt(last), c.id .. ':slot', c.slot,
+    unpack(f))
+  return sum, fmt(first), fmt(last)
+end
+`
+
+// counterFillLua defines counter_fill (see countersLua): what the full
+// grant's recovery counts as spent.
+const counterFillLua = `
 local function counter_fill(key, c, t, now)
   local j = math.floor(t / c.slot)
   c.jn = nil
@@ -416,7 +430,7 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // It runs as a Redis function where the server has them (see
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
-var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+
+var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+counterAdoptLua+counterFillLua+
 	lineFieldLua+runOfLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
 // reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
@@ -1334,7 +1348,7 @@ func (b *Bucket) reserveArgs(req Request, lease string) reserveArgs {
 // limits, ARGV[7] the total's (limitSpec; "" without one), ARGV[8] the
 // tag the tick was recorded with (see unsend).
 // Returns 0.
-var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + formLua + heldLua + itemLua + `
+var giveUpScript = redis.NewScript(fmtLua + extendLua + countersLua + counterAdoptLua + formLua + heldLua + itemLua + `
 local k_inflight, k_stats, k_ticks, k_counts, k_total_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local a_lease, a_counter = ARGV[2], ARGV[3]
 local a_tick, a_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
