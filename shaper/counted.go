@@ -11,6 +11,39 @@ import (
 // steps it shares with the full reserve script, so that the two space
 // calls by the same code.
 
+// fairShareLua defines share_of(k, g, now), the total's fair share
+// recomputed (see fair_pace): the askers whose claim has lapsed leave,
+// and the total is shared max-min among the rest's rates. It is the full
+// grant's: where it is left out (the counted grant), a share older than
+// 250 ms hands the call over.
+const fairShareLua = `
+share_of = function(k, g, now)
+  local gone = redis.call('ZRANGEBYSCORE', k.asking, '-inf', now, 'LIMIT', 0, 1000)
+  for i = 1, #gone, 500 do
+    redis.call('HDEL', k.rates, unpack(gone, i, math.min(i + 499, #gone)))
+  end
+  if #gone > 0 then redis.call('ZREM', k.asking, unpack(gone)) end
+  local asking = redis.call('ZRANGEBYSCORE', k.asking, now, '+inf')
+  local rates = {}
+  for i = 1, #asking, 500 do
+    local part = redis.call('HMGET', k.rates, unpack(asking, i, math.min(i + 499, #asking)))
+    for _, r in ipairs(part) do rates[#rates + 1] = tonumber(r) or 0 end
+  end
+  table.sort(rates)
+  local left = g.rate
+  local share = 0
+  for i, r in ipairs(rates) do
+    local rest = #rates - i + 1
+    if r * rest > left then share = left / rest break end
+    left = left - r
+  end
+  redis.call('HSET', k.total, 'share', tostring(share), 'share_at', fmt(now))
+  extend(k.asking, now + 2000000 + g.keep, now)
+  extend(k.rates, now + 2000000 + g.keep, now)
+  return share
+end
+`
+
 // groupLua defines the steps of a grant that involve a bucket's group
 // or its counted limits: the fair share of the total, the earliest tick
 // a line admits, fitting a tick to both the bucket's line and the
@@ -90,6 +123,7 @@ local function log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now)
   if tag ~= '' then redis.call('ZADD', k_tags, fmt(tick), tag) end
 end
 
+local share_of = nil
 local function fair_pace(k, g, interval, now)
   local span = math.max(interval, g.horizon)
   local asked = false
@@ -100,28 +134,8 @@ local function fair_pace(k, g, interval, now)
   end
   local share = tonumber(g.share)
   if share == nil or now - (tonumber(g.share_at) or 0) > 250000 then
-    local gone = redis.call('ZRANGEBYSCORE', k.asking, '-inf', now, 'LIMIT', 0, 1000)
-    for i = 1, #gone, 500 do
-      redis.call('HDEL', k.rates, unpack(gone, i, math.min(i + 499, #gone)))
-    end
-    if #gone > 0 then redis.call('ZREM', k.asking, unpack(gone)) end
-    local asking = redis.call('ZRANGEBYSCORE', k.asking, now, '+inf')
-    local rates = {}
-    for i = 1, #asking, 500 do
-      local part = redis.call('HMGET', k.rates, unpack(asking, i, math.min(i + 499, #asking)))
-      for _, r in ipairs(part) do rates[#rates + 1] = tonumber(r) or 0 end
-    end
-    table.sort(rates)
-    local left = g.rate
-    share = 0
-    for i, r in ipairs(rates) do
-      local rest = #rates - i + 1
-      if r * rest > left then share = left / rest break end
-      left = left - r
-    end
-    redis.call('HSET', k.total, 'share', tostring(share), 'share_at', fmt(now))
-    extend(k.asking, now + 2000000 + g.keep, now)
-    extend(k.rates, now + 2000000 + g.keep, now)
+    if not share_of then return nil, asked end
+    share = share_of(k, g, now)
   end
   if share > 0 and share < tonumber(g.own) then return math.ceil(g.span / share), asked end
   return 0, asked
@@ -353,7 +367,13 @@ end
 // server, the bucket's or the total's (needState), adaptation in force
 // (needAdapt: a pause, a rate, a lesson, a high call waiting, costly
 // calls), the total's spaced counters in use after a costly call
-// (needCostly).
+// (needCostly), another replica's tick the widest (needWide: a rolling
+// edit), and what one full grant settles (needUpkeep: a fair share older
+// than 250 ms, share_of; a counter to adopt, counter_adopt). It
+// refreshes its own widest tick itself. What it writes before a handover
+// (the bucket's asking, an expired counter's slots, the ring's passed
+// slots, its widest tick's refresh) is upkeep the full grant would do
+// alike.
 //
 // It replies as every grant (see replyHeader), for one call.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
@@ -449,6 +469,7 @@ if tiv > 0 and a_member ~= '' then
   g.member, g.own, g.rate, g.span, g.horizon, g.keep = a_member, p.own_rate, tot.rate, tot.span, p.horizon, p.keep
   g.asked_at, g.asked_rate, g.share, g.share_at = asked_at, asked_rate, ts.share, ts.share_at
   fair, asked = fair_pace(k, g, interval, now)
+  if not fair then return handover(NEED_UPKEEP) end
 end
 
 local start = now

@@ -431,7 +431,7 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
 var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+counterAdoptLua+counterFillLua+
-	lineFieldLua+runOfLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
+	lineFieldLua+runOfLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+fairShareLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
 // reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
 // of the full reserve script that only it takes (see groupLua for those
