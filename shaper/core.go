@@ -281,7 +281,7 @@ local function convert_tags(k_tags, k_old, keep, now)
 end
 `
 
-// runOf is run_of for the core script's Server argument: the run a state
+// runOf is run_of for the core grant's Server argument: the run a state
 // written on server records, or "" when the server is unknown.
 func runOf(server string) string {
 	switch server {
@@ -328,12 +328,12 @@ local function widest(wide, wide_at, mine, iv, b, live, now)
 end
 `
 
-// lineLua defines the pieces of a bucket's line of ticks that the core
-// and the full reserve script share, widest (widestLua) among them.
+// lineLua defines the pieces of a bucket's line of ticks that the
+// grants share, widest (widestLua) among them: the full grant takes them
+// all, the lean grants the parts their hot path runs (putLua,
+// logTicksLua, foldLua; keepAliveLua in the counted grant).
 //
-// put(t, a, b[, c, d]): t gets a, b (and c, d) at its end. (A multiple
-// assignment to t[#t + 1], t[#t + 2] is not safe: the embedded Redis's Lua
-// assigns one at a time.)
+// put(t, a, b[, c, d]): see putLua.
 //
 // wide_entry(wide, wide_at, wide_at_new, iv, b, live): the widest tick
 // as the line keeps it (see read_line) after widest: the caller's (iv,
@@ -380,8 +380,10 @@ end
 // clock minute m after k more, as its gate hash keeps it (gc in minute
 // gm). The gate hash counts a minute's grants and folds them into the
 // group's stats hash key (see minuteCounterLua) once they reach
-// grantFold or the minute changes, so that most grants write no stats;
-// Stats adds what the gate hash holds to what the stats hash does. A
+// grantFold or the minute changes, so that most grants write no stats
+// (the core grant of a group of one never folds: it hands a new
+// minute's first grant to the full grant, see tallyLua); Stats adds what the gate hash holds to what the stats
+// hash does. A
 // gate hash that expires after idle takes the count it had not folded
 // with it.
 var lineLua = putLua + widestLua + wideEntryLua + keepAliveLua + logTicksLua + foldLua
