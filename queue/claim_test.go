@@ -538,6 +538,23 @@ func slowEnqueues(prefix string, delay func(n int) time.Duration) countEnqueues 
 	return countEnqueues{prefix: prefix, n: func() { time.Sleep(delay(int(n.Add(1)))) }}
 }
 
+// slowBatch is a client of e whose enqueues on vendor v's queue rdb
+// answers after delay(n) (see slowEnqueues), whose claims are safe for
+// claimSafe and renewed every 200 ms, and a batch of n calls to it with
+// the ids prefix-000, prefix-001, ….
+func (e *env) slowBatch(t *testing.T, rdb *redis.Client, v string, delay func(n int) time.Duration, claimSafe time.Duration,
+	prefix string, n int) (*Client, []Call) {
+	rdb.AddHook(slowEnqueues("asynq:{"+QueueName(v)+"}:", delay))
+	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
+	t.Cleanup(func() { _ = c.Close() })
+	c.claimSafe, c.renewEvery = claimSafe, 200*time.Millisecond
+	calls := make([]Call, n)
+	for i := range calls {
+		calls[i] = Call{ID: fmt.Sprintf("%s-%03d", prefix, i), Path: "/" + prefix}
+	}
+	return c, calls
+}
+
 // TestSlowRedisSlowsABatchDown: a batch whose calls Redis queues slowly
 // (30 ms each, 6 s for the chunk, over claimSafe) is queued whole: the
 // enqueue renews the claims of the ids it has still to queue as it goes
@@ -564,14 +581,7 @@ func TestSlowRedisSlowsABatchDown(t *testing.T) {
 		}
 		return 30 * time.Millisecond
 	}
-	rdb.AddHook(slowEnqueues("asynq:{"+QueueName(v)+"}:", delay))
-	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
-	defer c.Close()
-	c.claimSafe, c.renewEvery = 5*time.Second, 200*time.Millisecond
-	calls := make([]Call, 200)
-	for i := range calls {
-		calls[i] = Call{ID: fmt.Sprintf("s-%03d", i), Path: "/s"}
-	}
+	c, calls := e.slowBatch(t, rdb, v, delay, 5*time.Second, "s", 200)
 	start := time.Now()
 	res, err := c.EnqueueBatch(context.Background(), v, calls)
 	if err != nil || res.Enqueued != len(calls) {
@@ -595,19 +605,13 @@ func TestStalledRedisStopsABatch(t *testing.T) {
 	e := newEnv(t)
 	v := e.vendor("stalled", policy(10), 0, http.NotFoundHandler())
 	rdb := e.rdb()
-	rdb.AddHook(slowEnqueues("asynq:{"+QueueName(v)+"}:", func(n int) time.Duration {
+	stall := func(n int) time.Duration {
 		if n == 10 {
 			return 4 * time.Second
 		}
 		return 0
-	}))
-	c := NewClient(rdb, ClientConfig{Vendors: e.vendors, KeyPrefix: e.prefix})
-	defer c.Close()
-	c.claimSafe, c.renewEvery = 3*time.Second, 200*time.Millisecond
-	calls := make([]Call, 30)
-	for i := range calls {
-		calls[i] = Call{ID: fmt.Sprintf("t-%03d", i), Path: "/t"}
 	}
+	c, calls := e.slowBatch(t, rdb, v, stall, 3*time.Second, "t", 30)
 	ctx := context.Background()
 	res, err := c.EnqueueBatch(ctx, v, calls)
 	if err == nil || !strings.Contains(err.Error(), "could lapse") {

@@ -44,6 +44,13 @@ share_of = function(k, g, now)
 end
 `
 
+// spentLua defines SPENT, the units of a tick a respace marked spent
+// (and the n of its line): more than any burst, so that the next tick
+// comes one interval after it (see earliest and respaceScript).
+const spentLua = `
+local SPENT = 1000000000
+`
+
 // groupLua defines the steps of a grant that involve a bucket's group
 // or its counted limits: the fair share of the total, the earliest tick
 // a line admits, fitting a tick to both the bucket's line and the
@@ -108,8 +115,7 @@ end
 // outlive the tick by keep: extended further (reachLua) once the tick
 // passes what they were last extended to
 // (its 'kept', the local tkept), as the bucket's keys are.
-const groupLua = `
-local SPENT = 1000000000
+const groupLua = spentLua + `
 local one_item = {}
 local function log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now)
   if k_ticks == k_tags then

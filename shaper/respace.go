@@ -38,7 +38,7 @@ const respaceSlack = 100 * time.Millisecond
 // was published), else 0. When it writes a new 'wide', the line's entry
 // of the widest tick is zeroed: the next grant reads 'wide' (see
 // wide_entry).
-var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + "local SPENT = 1000000000\n" + widestLua + respaceLua + `
+var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + spentLua + widestLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_mine, a_live = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_us()
