@@ -143,7 +143,7 @@ local function fair_pace(k, g, interval, now)
     if not share_of then return nil, asked end
     share = share_of(k, g, now)
   end
-  if share > 0 and share < tonumber(g.own) then return math.ceil(g.span / share), asked end
+  if share > 0 and share < (g.own_n or tonumber(g.own)) then return math.ceil(g.span / share), asked end
   return 0, asked
 end
 
@@ -342,20 +342,26 @@ func (a reserveArgs) counted(mine string) countedArgs {
 // policy_of(s), total_of(s): the parsed Policy and Total arguments
 // (parse_policy, parse_total; total_of of "" is nil). The quotas'
 // counters are the same tables on every call: each call loads them
-// (counter_load) before it uses them.
+// (counter_load) before it uses them. A total's fields are the total
+// hash's fields its grant reads ('cleared' for a ring only); a policy's
+// own_n is its own_rate as a number. A field read is about as costly as
+// a Redis command's argument and a tonumber of its value (some 2,000 and
+// 1,500 Redis instructions): the grant reads none it does not use, and
+// converts each once.
 var policyLua = `
 local function parse_policy(s)
   local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, limits = string.match(s,
     '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
   return {interval = iv + 0, burst = b + 0, horizon = horizon + 0, keep = keep + 0, live = live + 0, tick_log = tick_log + 0,
-    tag_keep = tag_keep + 0, span = span + 0, log_len = log_len + 0, own_rate = own,
+    tag_keep = tag_keep + 0, span = span + 0, log_len = log_len + 0, own_rate = own, own_n = tonumber(own),
     quotas = counters_in_use(parse_limits(limits), false)}
 end
 
 local function parse_total(s)
   local iv, b, span, rate, ring, limits = string.match(s, '^(%d+)|(%d+)|(%d+)|([^|]*)|(%d+)|(.*)$')
   return {interval = iv + 0, burst = b + 0, span = span + 0, rate = rate + 0, ring = ring + 0,
-    quotas = counters_in_use(parse_limits(limits), false)}
+    quotas = counters_in_use(parse_limits(limits), false),
+    fields = {'last', 'n', 'run', 'kept', 'blocked', 'costly_until', 'share', 'share_at', ring + 0 > 0 and 'cleared' or nil}}
 end
 
 local function policy_of(s) return cached(s, parse_policy) end
@@ -450,15 +456,14 @@ if adapted then
     (tonumber(costly_until) or 0) > now then return handover(NEED_ADAPT) end
   redis.call('HDEL', k_gate, 'adapted')
 end
-local tiv = 0
-local ts = scratch.total_state
-ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = nil
+local tiv, ts = 0, scratch.total_state
 if tot then
   tiv = tot.interval
-  ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.cleared, ts.costly_until, ts.share, ts.share_at = unpack(redis.call('HMGET',
-    k_total, 'last', 'n', 'run', 'kept', 'blocked', 'cleared', 'costly_until', 'share', 'share_at'))
+  ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.costly_until, ts.share, ts.share_at, ts.cleared = unpack(redis.call(
+    'HMGET', k_total, unpack(tot.fields)))
   if not ts.last or ts.run ~= runid then return handover(NEED_STATE) end
   if (tonumber(ts.costly_until) or 0) > now then return handover(NEED_COSTLY) end
+  ts.last, ts.n, ts.kept, ts.blocked = tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.kept) or 0, tonumber(ts.blocked) or 0
 end
 
 if wiv ~= p.interval or wb ~= p.burst then return handover(NEED_WIDE) end
@@ -473,7 +478,7 @@ if tiv > 0 and a_member ~= '' then
   local k, g = scratch.fair_keys, scratch.fair
   k.total, k.asking, k.rates = k_total, k_asking, k_rates
   g.member, g.own, g.rate, g.span, g.horizon, g.keep = a_member, p.own_rate, tot.rate, tot.span, p.horizon, p.keep
-  g.asked_at, g.asked_rate, g.share, g.share_at = asked_at, asked_rate, ts.share, ts.share_at
+  g.asked_at, g.asked_rate, g.share, g.share_at, g.own_n = asked_at, asked_rate, ts.share, ts.share_at, p.own_n
   fair, asked = fair_pace(k, g, interval, now)
   if not fair then return handover(NEED_UPKEEP) end
 end
@@ -496,7 +501,7 @@ if tiv > 0 then
   vt = math.max(now, (tonumber(last_vt) or 0) + math.max(pace, fair))
   tick = math.max(tick, vt)
   if tot.ring > 0 then
-    local cleared = ring_cleared(k_slots, tot.ring, tiv, tonumber(ts.cleared), tonumber(ts.kept) or 0, p.keep, now)
+    local cleared = ring_cleared(k_slots, tot.ring, tiv, tonumber(ts.cleared), ts.kept, p.keep, now)
     put(tfields, 'cleared', fmt(cleared))
   end
 end
@@ -505,8 +510,8 @@ if fair > 0 and fair >= pace then horizon = math.floor(horizon / 2) end
 local fs, ft = scratch.fit_line, scratch.fit_total
 fs.last, fs.n, fs.interval, fs.burst, fs.cost, fs.charge = last, n, interval, burst, 1, false
 fs.k, fs.kth, fs.span = k, kth, p.span
-ft.iv, ft.burst, ft.last, ft.n = tiv, tot and tot.burst, tonumber(ts.last), tonumber(ts.n) or 0
-ft.blocked, ft.ring, ft.slots, ft.horizon, ft.now = tonumber(ts.blocked) or 0, tot and tot.ring, k_slots, horizon, now
+ft.iv, ft.burst, ft.last, ft.n = tiv, tot and tot.burst, ts.last, ts.n or 0
+ft.blocked, ft.ring, ft.slots, ft.horizon, ft.now = ts.blocked or 0, tot and tot.ring, k_slots, horizon, now
 tick = fit(fs, ft, tick)
 
 local kk = scratch.keep_keys
@@ -550,7 +555,7 @@ for _, c in ipairs(p.quotas) do counter_add(k_counts, c, tick, 1, p.keep, now) e
 if tiv > 0 then
   local k, t = scratch.total_keys, scratch.total
   k.total, k.slots, k.counts = k_total, k_slots, k_total_counts
-  t.iv, t.ring, t.last, t.n, t.kept = tiv, tot.ring, tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.kept) or 0
+  t.iv, t.ring, t.last, t.n, t.kept = tiv, tot.ring, ts.last, ts.n, ts.kept
   t.counters, t.fields, t.costly_until = tot.quotas, tfields, nil
   total_granted(k, t, tick, 1, p.keep, now)
 end

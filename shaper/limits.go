@@ -95,6 +95,7 @@ local now = now_from(a_now)
 local c = parse_limits(a_limits)[a_limit]
 if c == nil then return 0 end
 counter_load(k_counts, c, now, true)
+c.fill = tonumber(redis.call('HGET', k_counts, c.id .. ':fill')) or 0
 if c.fill > 0 then
   local j = tonumber(redis.call('HGET', k_counts, c.id .. ':fill_j'))
   if j then

@@ -157,7 +157,7 @@ local function parse_limits(spec)
   local out = {}
   for kind, rate, span, slot, id in string.gmatch(spec, '(%a):(%d+):(%d+):(%d+):([%w.]+)') do
     out[#out + 1] = {id = id, pos = tostring(#out + 1), kind = kind, rate = tonumber(rate), span = tonumber(span),
-      slot = tonumber(slot)}
+      slot = tonumber(slot), f_sum = id .. ':sum', f_low = id .. ':low', f_top = id .. ':top', f_slot = id .. ':slot'}
   end
   return out
 end
@@ -204,19 +204,19 @@ local function drop_slots(key, c, slots)
 end
 
 local function counter_load(key, c, now, write)
-  c.jn = math.floor(now / c.slot)
-  local sum, low, top, fill, units, slot = unpack(redis.call('HMGET', key, c.id .. ':sum', c.id .. ':low', c.id .. ':top',
-    c.id .. ':fill', c.id .. ':' .. fmt(c.jn), c.id .. ':slot'))
-  if write and not counter_adopt and (not sum or (slot and tonumber(slot) ~= c.slot)) then return false end
+  local jn = math.floor(now / c.slot)
+  if jn ~= c.jn or not c.f_jn then c.jn, c.f_jn = jn, c.id .. ':' .. fmt(jn) end
+  local sum, low, top, units, slot = unpack(redis.call('HMGET', key, c.f_sum, c.f_low, c.f_top, c.f_jn, c.f_slot))
+  slot = tonumber(slot)
+  if write and not counter_adopt and (not sum or (slot and slot ~= c.slot)) then return false end
   if not sum and write then sum, low, top = counter_adopt(key, c, {id = c.pos, slot = c.slot}, now) end
-  if slot and tonumber(slot) ~= c.slot and sum and write then
-    sum, low, top = counter_adopt(key, c, {id = c.id, slot = tonumber(slot)}, now)
-    fill, units = nil, nil
+  if slot and slot ~= c.slot and sum and write then
+    sum, low, top = counter_adopt(key, c, {id = c.id, slot = slot}, now)
+    units = nil
   end
   c.jn_units = tonumber(units) or 0
   c.sum = tonumber(sum) or 0
   c.top = tonumber(top)
-  c.fill = tonumber(fill) or 0
   low = tonumber(low)
   local j0 = math.floor((now - c.span) / c.slot)
   c.low = j0
@@ -249,20 +249,20 @@ local function counter_add(key, c, t, cost, keep, now)
   c.sum = c.sum + cost
   if j == c.jn and c.top ~= nil and j <= c.top then
     c.jn_units = c.jn_units + cost
-    return redis.call('HSET', key, c.id .. ':sum', c.sum, c.id .. ':' .. fmt(j), c.jn_units)
+    return redis.call('HSET', key, c.f_sum, c.sum, c.f_jn, c.jn_units)
   end
-  local f = {c.id .. ':sum', c.sum}
+  local f = {c.f_sum, c.sum}
   if j == c.jn then
     c.jn_units = c.jn_units + cost
-    f[3], f[4] = c.id .. ':' .. fmt(j), c.jn_units
+    f[3], f[4] = c.f_jn, c.jn_units
   else
     redis.call('HINCRBY', key, c.id .. ':' .. fmt(j), cost)
   end
   if c.top == nil or j > c.top then
     c.top = j
-    f[#f + 1] = c.id .. ':low'
+    f[#f + 1] = c.f_low
     f[#f + 1] = fmt(c.low)
-    f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = c.id .. ':top', fmt(j), c.id .. ':slot', c.slot
+    f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = c.f_top, fmt(j), c.f_slot, c.slot
     redis.call('HSET', key, unpack(f))
     extend(key, (j + 1) * c.slot + keep, now)
   else
