@@ -48,9 +48,13 @@ local function handover(why) return {why, '', 0, 0, 0} end
 `, replyDeferred, replyGranted, answered, needState, needAdapt, needLearned, needCostly, needWide, needUpkeep,
 	beyondHorizon, inFlightFull, stateReset, behindHigh, heldByLimit, heldByPause, newerLayout)
 
-// fmtLua defines fmt(x): an integer as a string, without exponent.
+// fmtLua defines fmt(x): an integer as a string, without exponent. It
+// keeps the last string it made (fmt_x, fmt_s): a grant writes its tick
+// as text up to three times (the tick's vt, the log, the total's last),
+// and a string.format costs Redis about as much as a field read.
 const fmtLua = `
-local function fmt(x) return string.format('%d', x) end
+local fmt_x, fmt_s = nil, nil
+local function fmt(x) if x ~= fmt_x then fmt_x, fmt_s = x, string.format('%d', x) end return fmt_s end
 `
 
 // formLua defines the form a server's items take: form() returns packer,
@@ -706,9 +710,7 @@ if refresh then
   wfresh = now + p.fresh
 end
 local tags = emptied(scratch.tags)
-if a_tags == '\n' then tags[1] = '' else
-  for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
-end
+for tag in string.gmatch(a_tags, '([^\n]*)\n') do tags[#tags + 1] = tag end
 local interval, burst, paused, tol, bare = p.interval, p.burst, 0, 0, 0
 `
 

@@ -442,8 +442,7 @@ local p = policy_of(a_policy)
 local tot = total_of(a_total)
 
 local now = now_from(a_now)
-local runid = a_server
-if runid == NO_SERVER then runid = '' end
+local runid = a_server == NO_SERVER and '' or a_server
 local line, run, adapted, last_vt, log, asked_at, asked_rate, defer_at = unpack(redis.call('HMGET', k_gate,
   'line', 'run', 'adapted', 'vt', 'log', 'asked_at', 'asked_rate', 'defer_at'))
 if a_server == '' or run ~= run_of(runid) then return handover(NEED_STATE) end

@@ -547,8 +547,7 @@ local function server(k_epoch, known, keep, now)
     local info = redis.pcall('INFO', 'server')
     if type(info) == 'string' then known = string.match(info, 'run_id:(%w+)') or NO_SERVER end
   end
-  local runid = known
-  if runid == NO_SERVER then runid = '' end
+  local runid = known == NO_SERVER and '' or known
   local epoch = ep ~= false
   local switched = false
   if runid ~= '' then
