@@ -29,16 +29,16 @@ var luaCeilings = map[string]int{
 	"coreFunction":     149, // the hot path only: upkeep (keys, the minute's count, another replica's widest) handed to the full grant; adaptation to the adapt grant; scratch tables (tags, ticks, tagged); holders' tags in the ticks list of a group of one (held_item, log_ticks' time trim): the tag's ZADD was 0.3-0.4x GCRA
 	"coreFoldFunction": 179, // the core grant of an account: its count folded into the group's stats hash as it goes
 	"adaptFunction":    210, // the core grant with adaptation applied (a pause, a rate, a lesson, a high call)
-	"countedFunction":  526, // the hot path: the fair share older than 250 ms (share_of), another replica's widest tick (needWide) and a counter to adopt (needUpkeep) go to the full grant, its own widest tick refreshed in place; counter_fill left out; counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
-	"reserveFunction":  906, // +8 for the counted grant's -80: share_of apart from fair_pace (+6); counter_adopt declared before counter_load, which hands a lean grant over where it would adopt); the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
+	"countedFunction":  540, // +14 for layout 5: the total's numbers in one field (read_total, save_total: 20k instructions a grant fewer); the hot path: the fair share older than 250 ms (share_of), another replica's widest tick (needWide) and a counter to adopt (needUpkeep) go to the full grant, its own widest tick refreshed in place; counter_fill left out; counter_adopt (G1 across edits); holders' tags in the ticks list; scratch tables (no table made per call: -0.3x GCRA); fit looks a free tick up once (one BITPOS a grant, not two)
+	"reserveFunction":  938, // +32 for layout 5 (read_total, save_total, total_adopt: a layout 4 total converted); +8 for the counted grant's -80: share_of apart from fair_pace (+6); counter_adopt declared before counter_load, which hands a lean grant over where it would adopt); the scratch tables' share of groupLua and countersLua; counter_adopt, every account after an epoch made anew, newer_layout; holders' tags in the ticks list and convert_tags (layout 3 -> 4); fit looks a free tick up once
 	"giveUpScript":     213, // counter_add without a table; counter_adopt; unsend (a tick given up keeps its holder's record)
 	"countUsedScript":  177, // counter_adopt; counter_add without a table
 	"limitsScript":     164, // counter_adopt; counter_add without a table
 	"refusedScript":    134, // unsend, and the judge skips kept items; gate_kept: a control hash outlives the gate's keys (reachLua)
 	"applyScript":      89,  // gate_kept: a control hash outlives the gate's keys (reachLua)
-	"planScript":       63,
-	"statsScript":      52, // fmt keeps its last string (fmtLua)
-	"respaceScript":    66, // widest itself (17 lines); fmt keeps its last string (fmtLua)
+	"planScript":       79,  // read_total (layout 5)
+	"statsScript":      52,  // fmt keeps its last string (fmtLua)
+	"respaceScript":    66,  // widest itself (17 lines); fmt keeps its last string (fmtLua)
 	"raiseScript":      43,
 	"lineScript":       37,
 	"lowerScript":      34, // gate_kept: a control hash outlives the gate's keys (reachLua)

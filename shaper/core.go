@@ -224,11 +224,14 @@ local function run_of(runid) return '` + runTag + `' .. runid end
 // and writes (docs/design.md, "The state's layout"). A state written in
 // a newer one is left alone: its calls wait (BoundUpgrade); one written
 // in the layout before it, on the same server, is converted at its first
-// touch (convertLua). Layout 4: a group of one keeps its holders' tags
-// in its ticks list, at the tags key.
-const layout = 4
+// touch. Layout 4: a group of one keeps its holders' tags in its ticks
+// list, at the tags key (convertLua converts a layout 3 state's). Layout
+// 5: a group total keeps its numbers in one field and its run tagged as
+// a gate hash's (totalStateLua; total_adopt converts a layout 4 total,
+// the gate hash reads as it did).
+const layout = 5
 
-// runTag tags the run a gate hash records (see run_of).
+// runTag tags the run a gate hash or a total hash records (see run_of).
 var runTag = "l" + strconv.Itoa(layout) + ":"
 
 // convertLua converts the state of a bucket written in the layout before
@@ -646,8 +649,9 @@ var foldDefsLua = rollLua + foldLua + tallyFoldLua
 // instead of making new ones (a function's library lives on between
 // calls), and emptied(t), t with its list part emptied. In the counted
 // grant, what it passes to fair_pace, fit, keep_alive and
-// total_granted, every field filled on every call, and the fields it
-// writes to the gate and total hashes (gate_fields, total_fields); its
+// total_granted, every field filled on every call, the fields it
+// writes to the gate hash (gate_fields), the total's numbers
+// (total_state, see totalStateLua); its
 // callers' tags, the ticks it logs and the tags it records (tags, ticks,
 // tagged: the core grant's scratch has these three only); none, an empty
 // list never written. A
@@ -656,7 +660,7 @@ var foldDefsLua = rollLua + foldLua + tallyFoldLua
 // per-account case.
 const scratchLua = emptiedLua + `
 local scratch = {fair_keys = {}, fair = {}, fit_line = {}, fit_total = {}, total_keys = {}, total = {}, keep_keys = {},
-  gate_fields = {}, total_fields = {}, total_state = {}, tags = {}, ticks = {}, tagged = {}, none = {}}
+  gate_fields = {}, total_state = {}, tags = {}, ticks = {}, tagged = {}, none = {}}
 `
 
 // emptiedLua defines emptied(t): t with its list part emptied.

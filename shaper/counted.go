@@ -15,7 +15,8 @@ import (
 // recomputed (see fair_pace): the askers whose claim has lapsed leave,
 // and the total is shared max-min among the rest's rates. It is the full
 // grant's: where it is left out (the counted grant), a share older than
-// 250 ms hands the call over.
+// 250 ms hands the call over. It saves the share in g.ts, the total's
+// numbers (see totalStateLua).
 const fairShareLua = `
 share_of = function(k, g, now)
   local gone = redis.call('ZRANGEBYSCORE', k.asking, '-inf', now, 'LIMIT', 0, 1000)
@@ -37,10 +38,77 @@ share_of = function(k, g, now)
     if r * rest > left then share = left / rest break end
     left = left - r
   end
-  redis.call('HSET', k.total, 'share', tostring(share), 'share_at', fmt(now))
+  g.ts.share, g.ts.share_at = share, now
+  save_total(k.total, g.ts)
   extend(k.asking, now + 2000000 + g.keep, now)
   extend(k.rates, now + 2000000 + g.keep, now)
   return share
+end
+`
+
+// totalStateLua defines how a group total's hash keeps its numbers
+// (layout 5): all of them in one field, tl, beside run (the run_of of
+// the server whose grants they count). A grant reads the two in one
+// HMGET: a field read costs Redis about as much as a command's argument
+// and a tonumber of its text (see docs/limits.md), and a total's grant
+// read eight of them.
+//
+// tl holds, in order: last (the total's last tick), n (the calls on it),
+// kept (what its keys were last extended to), blocked (no tick before
+// it: a reset's), costly_until (see counted_spaced), share and share_at
+// (the fair share and when it was computed, see fair_pace), cleared (the
+// ring's last slot cleared, see ring_cleared). TOTAL_NONE stands where
+// nil means something: no tick yet (last), no share computed (share), no
+// slot cleared (cleared). As doubles where Lua has struct, else as text.
+//
+// read_total(tl, ts): tl's numbers into ts (ts.last nil: no total).
+//
+// save_total(k_total, ts, run) (totalSaveLua, the grants' only): ts's
+// numbers into tl, and run when given; returns tl.
+//
+// total_adopt(k_total, old_run): a total of layout 4 (its numbers in
+// fields of their own, run untagged) moved into tl and tagged with the
+// layout (run_of of the run it had), so that a worker of layout 4 waits
+// for it from then on (newer_layout) and none reads it half moved.
+const totalStateLua = `
+local TOTAL_NONE = -1
+local function or_none(v) if v ~= TOTAL_NONE then return v end end
+local function read_total(tl, ts)
+  local last, n, kept, blocked, costly, share, share_at, cleared
+  if form() and tl and #tl == 64 then
+    last, n, kept, blocked, costly, share, share_at, cleared = packer.unpack('<dddddddd', tl)
+  elseif not packer and tl then
+    last, n, kept, blocked, costly, share, share_at, cleared = string.match(tl,
+      '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]+)|(%d+)|(%-?%d+)$')
+  end
+  ts.last, ts.n, ts.kept, ts.blocked = or_none(tonumber(last)), tonumber(n) or 0, tonumber(kept) or 0, tonumber(blocked) or 0
+  ts.costly_until, ts.share, ts.share_at, ts.cleared = tonumber(costly) or 0, or_none(tonumber(share)), tonumber(share_at) or 0,
+    or_none(tonumber(cleared))
+end
+`
+
+// totalSaveLua defines save_total (see totalStateLua): the grants'.
+const totalSaveLua = `
+local function save_total(k_total, ts, run)
+  local last, share, cleared = ts.last or TOTAL_NONE, ts.share or TOTAL_NONE, ts.cleared or TOTAL_NONE
+  local tl = form() and packer.pack('<dddddddd', last, ts.n, ts.kept, ts.blocked, ts.costly_until, share, ts.share_at, cleared)
+    or string.format('%d|%d|%d|%d|%d|%.17g|%d|%d', last, ts.n, ts.kept, ts.blocked, ts.costly_until, share, ts.share_at, cleared)
+  if run then redis.call('HSET', k_total, 'tl', tl, 'run', run) else redis.call('HSET', k_total, 'tl', tl) end
+  return tl
+end
+`
+
+// totalAdoptLua defines total_adopt (see totalStateLua): the full
+// grant's, where a total of the previous layout is converted.
+const totalAdoptLua = `
+local function total_adopt(k_total, old_run)
+  local names = {'last', 'n', 'kept', 'blocked', 'costly_until', 'share', 'share_at', 'cleared'}
+  local v, ts = redis.call('HMGET', k_total, unpack(names)), {}
+  ts.last, ts.n, ts.kept, ts.blocked = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0
+  ts.costly_until, ts.share, ts.share_at, ts.cleared = tonumber(v[5]) or 0, tonumber(v[6]), tonumber(v[7]) or 0, tonumber(v[8])
+  local tl = save_total(k_total, ts, run_of(old_run))
+  redis.call('HDEL', k_total, unpack(names))
+  return tl
 end
 `
 
@@ -74,7 +142,9 @@ local SPENT = 1000000000
 // it), rate and span (the total's calls per window, and window + guard),
 // horizon, keep, and what the hashes said: asked_at and asked_rate (when
 // and at what rate the bucket last said it was asking, gate hash), share
-// and share_at (total hash). The bucket says it is asking (and at what
+// and share_at (the total's, see totalStateLua), own_n (own as a number,
+// or nil) and ts (the total's numbers, where share_of saves a share it
+// computes). The bucket says it is asking (and at what
 // rate) once per half of what it is counted for (the local span), not on
 // every call: its gate hash keeps when.
 //
@@ -110,11 +180,12 @@ local SPENT = 1000000000
 //
 // total_granted(k, t, tick, cost, keep, now): the total's state
 // after a grant at tick (k: the keys total, slots, counts; t: iv, ring,
-// last, n, kept, the total's counters in use, costly_until (nil: not
-// written) and fields, more of the total hash to write). The total's keys
-// outlive the tick by keep: extended further (reachLua) once the tick
-// passes what they were last extended to
-// (its 'kept', the local tkept), as the bucket's keys are.
+// ts, the total's numbers as read_total left them (last and n as the
+// grant fitted the tick to), the total's counters in use, costly_until
+// (nil: not written) and run (nil: not written), saved with save_total).
+// The total's keys outlive the tick by keep: extended further (reachLua)
+// once the tick passes what they were last extended to (its kept), as
+// the bucket's keys are.
 const groupLua = spentLua + `
 local one_item = {}
 local function log_grant(k_ticks, k_tags, tick, tag, len, keep, tag_keep, now)
@@ -196,21 +267,16 @@ local function fit(s, t, tick)
 end
 
 local function total_granted(k, t, tick, cost, keep, now)
-  local tn = 1
-  if tick == t.last then tn = t.n + 1 end
-  local tset = t.fields
-  put(tset, 'last', fmt(math.max(tick, t.last or 0)), 'n', tn)
-  local tkept = t.kept
-  if tick + keep > tkept then
-    tkept = tick + keep + ` + reachLua + `
-    put(tset, 'kept', fmt(tkept))
-  end
-  if t.costly_until then put(tset, 'costly_until', fmt(t.costly_until)) end
-  redis.call('HSET', k.total, unpack(tset))
+  local ts, kept = t.ts, t.ts.kept
+  if tick == ts.last then ts.n = ts.n + 1 else ts.n = 1 end
+  ts.last = math.max(tick, ts.last or 0)
+  if tick + keep > kept then ts.kept = tick + keep + ` + reachLua + ` end
+  if t.costly_until then ts.costly_until = t.costly_until end
+  save_total(k.total, ts, t.run)
   if t.ring > 0 then redis.call('SETBIT', k.slots, math.floor(tick / t.iv) % t.ring, 1) end
-  if tkept ~= t.kept then
-    extend(k.total, tkept, now)
-    if t.ring > 0 then extend(k.slots, tkept, now) end
+  if ts.kept ~= kept then
+    extend(k.total, ts.kept, now)
+    if t.ring > 0 then extend(k.slots, ts.kept, now) end
   end
   for _, c in ipairs(t.counters) do counter_add(k.counts, c, tick, cost, keep, now) end
 end
@@ -342,12 +408,8 @@ func (a reserveArgs) counted(mine string) countedArgs {
 // policy_of(s), total_of(s): the parsed Policy and Total arguments
 // (parse_policy, parse_total; total_of of "" is nil). The quotas'
 // counters are the same tables on every call: each call loads them
-// (counter_load) before it uses them. A total's fields are the total
-// hash's fields its grant reads ('cleared' for a ring only); a policy's
-// own_n is its own_rate as a number. A field read is about as costly as
-// a Redis command's argument and a tonumber of its value (some 2,000 and
-// 1,500 Redis instructions): the grant reads none it does not use, and
-// converts each once.
+// (counter_load) before it uses them. A policy's own_n is its own_rate
+// as a number, converted once.
 var policyLua = `
 local function parse_policy(s)
   local iv, b, horizon, keep, live, tick_log, tag_keep, span, log_len, own, limits = string.match(s,
@@ -360,8 +422,7 @@ end
 local function parse_total(s)
   local iv, b, span, rate, ring, limits = string.match(s, '^(%d+)|(%d+)|(%d+)|([^|]*)|(%d+)|(.*)$')
   return {interval = iv + 0, burst = b + 0, span = span + 0, rate = rate + 0, ring = ring + 0,
-    quotas = counters_in_use(parse_limits(limits), false),
-    fields = {'last', 'n', 'run', 'kept', 'blocked', 'costly_until', 'share', 'share_at', ring + 0 > 0 and 'cleared' or nil}}
+    quotas = counters_in_use(parse_limits(limits), false)}
 end
 
 local function policy_of(s) return cached(s, parse_policy) end
@@ -389,7 +450,8 @@ end
 //
 // It replies as every grant (see replyHeader), for one call.
 var countedFunction = newFunction("counted", codesLua+fmtLua+nowFromLua+extendLua+rollLua+countersLua+
-	lineFieldLua+runOfLua+heldLua+putLua+keepAliveLua+logTicksLua+foldLua+ringLua+groupLua+cacheLua+policyLua+scratchLua, countedLua)
+	lineFieldLua+runOfLua+totalStateLua+totalSaveLua+heldLua+putLua+keepAliveLua+logTicksLua+foldLua+ringLua+groupLua+cacheLua+policyLua+scratchLua,
+	countedLua)
 
 // countedLua is the counted grant's main part. It binds KEYS
 // (countedKeyNames) to locals k_* and ARGV (countedArgs) to locals a_*,
@@ -458,11 +520,11 @@ end
 local tiv, ts = 0, scratch.total_state
 if tot then
   tiv = tot.interval
-  ts.last, ts.n, ts.run, ts.kept, ts.blocked, ts.costly_until, ts.share, ts.share_at, ts.cleared = unpack(redis.call(
-    'HMGET', k_total, unpack(tot.fields)))
-  if not ts.last or ts.run ~= runid then return handover(NEED_STATE) end
-  if (tonumber(ts.costly_until) or 0) > now then return handover(NEED_COSTLY) end
-  ts.last, ts.n, ts.kept, ts.blocked = tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.kept) or 0, tonumber(ts.blocked) or 0
+  local tl
+  ts.run, tl = unpack(redis.call('HMGET', k_total, 'run', 'tl'))
+  read_total(tl, ts)
+  if not ts.last or ts.run ~= run_of(runid) then return handover(NEED_STATE) end
+  if ts.costly_until > now then return handover(NEED_COSTLY) end
 end
 
 if wiv ~= p.interval or wb ~= p.burst then return handover(NEED_WIDE) end
@@ -477,7 +539,7 @@ if tiv > 0 and a_member ~= '' then
   local k, g = scratch.fair_keys, scratch.fair
   k.total, k.asking, k.rates = k_total, k_asking, k_rates
   g.member, g.own, g.rate, g.span, g.horizon, g.keep = a_member, p.own_rate, tot.rate, tot.span, p.horizon, p.keep
-  g.asked_at, g.asked_rate, g.share, g.share_at, g.own_n = asked_at, asked_rate, ts.share, ts.share_at, p.own_n
+  g.asked_at, g.asked_rate, g.share, g.share_at, g.own_n, g.ts = asked_at, asked_rate, ts.share, ts.share_at, p.own_n, ts
   fair, asked = fair_pace(k, g, interval, now)
   if not fair then return handover(NEED_UPKEEP) end
 end
@@ -492,7 +554,7 @@ for _, c in ipairs(tot and tot.quotas or scratch.none) do
   start = math.max(start, counter_free_at(k_total_counts, c, 1, now))
 end
 
-local tick, pace, tfields = start, math.floor(interval / burst), emptied(scratch.total_fields)
+local tick, pace = start, math.floor(interval / burst)
 local k, kth, head = p.log_len, nil, ''
 if k > 0 and interval == p.interval and burst == p.burst then kth, head = log_cut(log or '', k) else k = 0 end
 local vt = nil
@@ -500,8 +562,8 @@ if tiv > 0 then
   vt = math.max(now, (tonumber(last_vt) or 0) + math.max(pace, fair))
   tick = math.max(tick, vt)
   if tot.ring > 0 then
-    local cleared = ring_cleared(k_slots, tot.ring, tiv, tonumber(ts.cleared), ts.kept, p.keep, now)
-    put(tfields, 'cleared', fmt(cleared))
+    local cleared = ring_cleared(k_slots, tot.ring, tiv, ts.cleared, ts.kept, p.keep, now)
+    ts.cleared = cleared
   end
 end
 local horizon = p.horizon
@@ -519,7 +581,7 @@ local gf = emptied(scratch.gate_fields)
 if asked then put(gf, 'asked_at', fmt(now), 'asked_rate', p.own_rate) end
 
 if tick - now > horizon then
-  if #tfields > 0 then redis.call('HSET', k_total, unpack(tfields)) end
+  if tiv > 0 and tot.ring > 0 then save_total(k_total, ts) end
   local reason = BEYOND_HORIZON
   if start - now > horizon then reason = HELD_BY_LIMIT end
   local at = math.max(tick - horizon, (tonumber(defer_at) or 0) + pace)
@@ -554,8 +616,7 @@ for _, c in ipairs(p.quotas) do counter_add(k_counts, c, tick, 1, p.keep, now) e
 if tiv > 0 then
   local k, t = scratch.total_keys, scratch.total
   k.total, k.slots, k.counts = k_total, k_slots, k_total_counts
-  t.iv, t.ring, t.last, t.n, t.kept = tiv, tot.ring, ts.last, ts.n, ts.kept
-  t.counters, t.fields, t.costly_until = tot.quotas, tfields, nil
+  t.iv, t.ring, t.ts, t.counters, t.costly_until, t.run = tiv, tot.ring, ts, tot.quotas, nil, nil
   total_granted(k, t, tick, 1, p.keep, now)
 end
 return {ANSWERED, '', 0, 0, 0, GRANTED, tick - now, 0, tick}

@@ -2,8 +2,13 @@ package shaper
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,9 +165,7 @@ func countedMatchesFull(t *testing.T, rdb *redis.Client, steps int) {
 			if counts[i], err = rdb.HGetAll(ctx, b.keys.counts).Result(); err != nil {
 				t.Fatal(err)
 			}
-			if totals[i], err = rdb.HMGet(ctx, b.keys.total, "last", "n", "blocked", "cleared", "share").Result(); err != nil {
-				t.Fatal(err)
-			}
+			totals[i] = totalNumbers(t, rdb, b.keys.total, "last", "n", "blocked", "cleared", "share")
 		}
 		if fmt.Sprint(gates[0]) != fmt.Sprint(gates[1]) {
 			t.Errorf("%s: gate hash %q after the counted script, %q after the full one", pair[0].name, gates[0], gates[1])
@@ -244,4 +247,41 @@ func TestNewAccountStaysLean(t *testing.T) {
 	if len(runs) != 1 || runs[0] != "counted" {
 		t.Errorf("its next grant, 250 ms later, ran %v: want the counted grant (the state is there now)", runs)
 	}
+}
+
+// totalNumberNames are the numbers of a total's tl, in order (see
+// totalStateLua).
+var totalNumberNames = []string{"last", "n", "kept", "blocked", "costly_until", "share", "share_at", "cleared"}
+
+// totalNumbers reads the named numbers of the total hash at key from its
+// tl, and its run.
+func totalNumbers(t *testing.T, rdb *redis.Client, key string, names ...string) []any {
+	t.Helper()
+	v, err := rdb.HMGet(context.Background(), key, "tl", "run").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, ok := v[0].(string)
+	if !ok {
+		return v // no total
+	}
+	nums := make([]float64, len(totalNumberNames))
+	if text := strings.Split(tl, "|"); len(text) == len(nums) && strings.Trim(tl, "0123456789.-+e|") == "" { // no struct
+		for i, x := range text {
+			if nums[i], err = strconv.ParseFloat(x, 64); err != nil {
+				t.Fatalf("total %s: tl %q: %v", key, tl, err)
+			}
+		}
+	} else if len(tl) == 8*len(nums) {
+		for i := range nums {
+			nums[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(tl[8*i : 8*i+8])))
+		}
+	} else {
+		t.Fatalf("total %s: tl %q is neither %d doubles nor their text", key, tl, len(nums))
+	}
+	out := []any{v[1]}
+	for _, name := range names {
+		out = append(out, nums[slices.Index(totalNumberNames, name)])
+	}
+	return out
 }

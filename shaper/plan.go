@@ -25,7 +25,7 @@ import (
 // bucket's name in its group, ARGV[8] total window + guard (µs; 0: no
 // total), ARGV[9] the bucket's own rate per total window.
 // Returns {first (µs from now), pace (µs)}.
-var planScript = redis.NewScript(nowLua + spacingLua + extendLua + lineFieldLua + `
+var planScript = redis.NewScript(nowLua + spacingLua + extendLua + lineFieldLua + totalStateLua + `
 local now = now_us()
 local n = tonumber(ARGV[2])
 local pace = tonumber(ARGV[3])
@@ -35,7 +35,9 @@ if rate and rate > 0 then
   pace = math.max(pace, math.floor(iv / b))
 end
 if tonumber(ARGV[8]) > 0 then
-  local share = tonumber(redis.call('HGET', KEYS[3], 'share'))
+  local ts = {}
+  read_total(redis.call('HGET', KEYS[3], 'tl'), ts)
+  local share = ts.share
   if share and share > 0 and share < tonumber(ARGV[9]) then
     pace = math.max(pace, math.ceil(tonumber(ARGV[8]) / share))
   end

@@ -431,7 +431,7 @@ func redisFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 // functions.go): its steps, defined before the bindings, are then
 // defined once, when the library is loaded, not on every grant.
 var reserveFunction = newFunction("reserve", codesLua+fmtLua+nowFromLua+rollLua+spacingLua+extendLua+raiseLua+countersLua+counterAdoptLua+counterFillLua+
-	lineFieldLua+runOfLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+fairShareLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
+	lineFieldLua+runOfLua+totalStateLua+totalSaveLua+totalAdoptLua+heldLua+itemLua+convertLua+lineLua+ringLua+groupLua+fairShareLua+cacheLua+reserveStepsLua+reserveLimitsLua+fullPolicyLua, reserveLua)
 
 // reserveStepsLua, reserveLimitsLua and fullPolicyLua define the steps
 // of the full reserve script that only it takes (see groupLua for those
@@ -634,12 +634,13 @@ end
 //
 // spaced_span(cs): how long a call stays in the spaced counters of cs.
 //
-// counted_spaced(key, cs, costly_until, l, now, state, field): at the
-// first call of more than one unit after calls of one unit only
-// (costly_until past), the spaced counters of cs did not count those
-// calls: count each as spent up to l, the last tick granted (nothing when
-// that is a window ago), and mark the counters in use from now on (field
-// of hash state), so that the next costly call, granted or not, does not
+// counted_spaced(key, cs, costly_until, l, now): at the first call of
+// more than one unit after calls of one unit only (costly_until past),
+// the spaced counters of cs did not count those calls: count each as
+// spent up to l, the last tick granted (nothing when that is a window
+// ago), and return until when the counters are in use from now on (nil:
+// they were), for the caller to write (the gate hash's costly_until, or
+// the total's), so that the next costly call, granted or not, does not
 // count them as spent again.
 //
 // counters_start(k_counts, own, k_total_counts, totals, cost, from,
@@ -659,8 +660,10 @@ end
 // can take any free slot and ticks reserved ahead by other buckets leave
 // no unused gaps; otherwise (very high totals) a line, like a bucket's.
 // Lost with the group, or a stale copy, the total's ticks reach at most
-// now + horizon. k holds the keys (total, slots, counts), ts the total's
-// hash, t its policy.
+// now + horizon (a copy is stale when its run is not run_of this
+// server's). k holds the keys (total, slots, counts), ts the total's
+// numbers and run (read_total: a reset or a cleared slot saved there),
+// t its policy.
 const reserveLimitsLua = `
 local function spaced_span(cs)
   local w = 0
@@ -670,14 +673,14 @@ local function spaced_span(cs)
   return w
 end
 
-local function counted_spaced(key, cs, costly_until, l, now, state, field)
-  if costly_until > now then return end
-  local span = spaced_span(cs)
-  redis.call('HSET', state, field, fmt(math.max(l or now, now) + span))
-  if l == nil then return end
+local function counted_spaced(key, cs, costly_until, l, now)
+  if costly_until > now then return nil end
+  local untilv = math.max(l or now, now) + spaced_span(cs)
+  if l == nil then return untilv end
   for _, c in ipairs(cs) do
     if c.kind ~= 'q' and l + c.span + c.slot > now then counter_fill(key, c, l, now) end
   end
+  return untilv
 end
 
 local function counters_start(k_counts, own, k_total_counts, totals, cost, from, now)
@@ -701,21 +704,22 @@ local function leased(k_inflight, cap, ttl, lease, tick, now)
 end
 
 local function total_line(k, ts, t, epoch, switched, runid, totals, horizon, keep, now)
-  local tlast, tn, blocked = tonumber(ts.last), tonumber(ts.n) or 0, tonumber(ts.blocked) or 0
-  local stale = runid ~= '' and (ts.run or '') ~= runid and (tlast ~= nil or switched)
+  local tlast, tn, blocked = ts.last, ts.n or 0, ts.blocked or 0
+  local stale = runid ~= '' and ts.run ~= run_of(runid) and (tlast ~= nil or switched)
   local reset = not epoch or stale
   if reset then
     blocked = math.max(blocked, now + horizon)
     redis.call('DEL', k.slots)
-    redis.call('HSET', k.total, 'blocked', fmt(blocked), 'run', runid)
+    ts.blocked = blocked
+    save_total(k.total, ts, run_of(runid))
     if tlast == nil then tlast, tn = blocked, t.burst end
     for _, c in ipairs(totals) do
       if c.kind ~= 'q' or stale then counter_fill(k.counts, c, blocked, now) end
     end
   end
   if t.ring > 0 then
-    local cleared = ring_cleared(k.slots, t.ring, t.interval, tonumber(ts.cleared), tonumber(ts.kept) or 0, keep, now)
-    redis.call('HSET', k.total, 'cleared', fmt(cleared))
+    ts.cleared = ring_cleared(k.slots, t.ring, t.interval, ts.cleared, ts.kept or 0, keep, now)
+    save_total(k.total, ts)
   end
   return tlast, tn, blocked, reset
 end
@@ -839,8 +843,10 @@ st.line, st.defer_at, st.vt, st.log, st.plan, st.warm, st.run, st.hi_until, st.h
   'asked_at', 'asked_rate'))
 local ts = {}
 if tiv > 0 then
-  ts.costly_until, ts.last, ts.n, ts.cleared, ts.blocked, ts.run, ts.kept, ts.share, ts.share_at = unpack(redis.call('HMGET',
-    k_total, 'costly_until', 'last', 'n', 'cleared', 'blocked', 'run', 'kept', 'share', 'share_at'))
+  local tl
+  ts.run, tl = unpack(redis.call('HMGET', k_total, 'run', 'tl'))
+  if not tl and ts.run and not string.find(ts.run, '^l%d+:') then tl, ts.run = total_adopt(k_total, ts.run), run_of(ts.run) end
+  read_total(tl, ts)
 end
 if newer_layout(st.run) or newer_layout(ts.run) then
   return {ANSWERED, '', 0, 0, 0, DEFERRED, p.horizon, NEWER_LAYOUT, 0}
@@ -863,7 +869,7 @@ if tiv > 0 and a_member ~= '' then
   local asked
   fair, asked = fair_pace({total = k_total, asking = k_asking, rates = k_rates}, {member = a_member, own = t.own_rate,
     rate = t.rate, span = t.span, horizon = p.horizon, keep = p.keep, asked_at = st.asked_at,
-    asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at}, interval, now)
+    asked_rate = st.asked_rate, share = ts.share, share_at = ts.share_at, ts = ts}, interval, now)
   if asked then redis.call('HSET', k_gate, 'asked_at', fmt(now), 'asked_rate', t.own_rate) end
 end
 
@@ -874,14 +880,16 @@ local m = math.floor(now / 60000000)
 local logs, reason = st.log, BEYOND_HORIZON
 local own = counters_in_use(p.limits, a_cost > 1 or (tonumber(st.costly_until) or 0) > now)
 local totals = {}
-local total_costly = tonumber(ts.costly_until) or 0
+local total_costly = ts.costly_until or 0
 if tiv > 0 then totals = counters_in_use(t.limits, a_cost > 1 or total_costly > now) end
 for _, c in ipairs(own) do counter_load(k_counts, c, now, true) end
 for _, c in ipairs(totals) do counter_load(k_total_counts, c, now, true) end
 if a_cost > 1 then
   redis.call('HSET', k_gate, 'adapted', '1')
-  counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now, k_gate, 'costly_until')
-  if tiv > 0 then counted_spaced(k_total_counts, totals, total_costly, tonumber(ts.last), now, k_total, 'costly_until') end
+  local own_until = counted_spaced(k_counts, own, tonumber(st.costly_until) or 0, last, now)
+  if own_until then redis.call('HSET', k_gate, 'costly_until', fmt(own_until)) end
+  local total_until = tiv > 0 and counted_spaced(k_total_counts, totals, total_costly, ts.last, now)
+  if total_until then ts.costly_until = total_until save_total(k_total, ts) end
 end
 local lost, certain = lost_at(st, last, epoch, switched, runid, k_expiry, a_member, p.horizon, spaced_span(p.limits), now)
 if lost then
@@ -974,8 +982,9 @@ if a_cost > 1 then redis.call('HSET', k_gate, 'costly_until', fmt(tick + spaced_
 if tiv > 0 then
   local costly = nil
   if a_cost > 1 then costly = tick + spaced_span(totals) end
-  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = t.ring, last = tlast, n = tn,
-    kept = tonumber(ts.kept) or 0, counters = totals, costly_until = costly, fields = {'run', runid}}, tick, a_cost, p.keep, now)
+  ts.last, ts.n = tlast, tn
+  total_granted({total = k_total, slots = k_slots, counts = k_total_counts}, {iv = tiv, ring = t.ring, ts = ts, counters = totals,
+    costly_until = costly, run = run_of(runid)}, tick, a_cost, p.keep, now)
 end
 local tol, bare = tonumber(ctl.tol) or 0, 0
 if tol > 0 and burst == 1 then bare = spacing(rate or p.raise.cfg, burst, p.window) end

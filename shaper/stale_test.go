@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -486,94 +487,142 @@ func TestNewerLayoutGrantsNothing(t *testing.T) {
 	})
 }
 
-// TestPreviousLayoutConvertsOnFirstTouch: a bucket left by the previous
-// release (layout 3: its run tagged l3:, its holders' tags in a sorted
-// set, its ticks in a list of their own, a tick given up out of the list
-// but its tag still in the set) mid-quota. This release's first grant
-// converts it in place: no horizon's wait (the state is this server's),
-// the next tick after the last one (nothing granted twice), every tag
-// kept with its tick (the given-up one out of the judge's view), the
-// quota counting every unit once, and the old ticks list gone.
+// TestPreviousLayoutConvertsOnFirstTouch: two accounts of a per-account
+// vendor with a total, each with a quota, left by the previous release
+// mid-quota and mid-total (layout 4: their gate hashes' run tagged l4:,
+// the total's numbers in fields of their own and its run untagged),
+// beside a twin group that ran the same calls in this layout all along.
+// This release's first grants convert the state in place and answer as
+// the twin's do, call for call: no horizon's wait (the state is this
+// server's), no tick closer to the last ones than the twin's (nothing
+// granted twice), the quotas counting every unit once; the total keeps
+// its numbers in one field under a run a worker of layout 4 reads as
+// newer (so that it waits).
 func TestPreviousLayoutConvertsOnFirstTouch(t *testing.T) {
+	// A total of one call a tick keeps its ticks in a ring of slots, one
+	// of two calls a tick in its line (last, n): the line is what a
+	// conversion that lost the numbers would lose.
+	for _, burst := range []int{1, 2} {
+		t.Run(fmt.Sprintf("total burst %d", burst), func(t *testing.T) { convertsOnFirstTouch(t, burst) })
+	}
+}
+
+func convertsOnFirstTouch(t *testing.T, burst int) {
 	rdb, g, clk, p := layoutGate(t)
 	ctx := context.Background()
-	b, err := g.Bucket("acme", p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs := grantTagged(t, b, clk, 5, "w|vendor:acme|t")
-	// Layout 3's state: the set of tags, the ticks list (newest first)
-	// without the given-up fourth tick, the run tagged l3:.
-	run := rdb.HGet(ctx, b.keys.gate, "run").Val()
-	var set []redis.Z
-	var old []any
-	for i := len(rs) - 1; i >= 0; i-- {
-		set = append(set, redis.Z{Score: float64(rs[i].tick), Member: rs[i].tag})
-		if i != 3 {
-			old = append(old, packedTick(rs[i].tick))
+	total := &Policy{Limits: []Limit{{Rate: 10, Window: time.Second}}, Burst: burst}
+	var old, twin []*Bucket
+	for _, name := range []string{"acme", "twin"} {
+		grp, err := g.Group(name, total)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, account := range []string{"store-1", "store-2", "store-3"} {
+			b, err := grp.Bucket(account, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == "acme" {
+				old = append(old, b)
+			} else {
+				twin = append(twin, b)
+			}
 		}
 	}
-	if err := rdb.Del(ctx, b.keys.tags).Err(); err != nil {
+	// step reserves one call of each account in both groups at one moment
+	// (after advance) and checks that the two groups answer alike.
+	joined := false // store-3 makes its first calls after the downgrade
+	step := func(when string, advance time.Duration) (granted int) {
+		t.Helper()
+		clk.advance(advance)
+		for i := range old {
+			if i == 2 && !joined {
+				continue
+			}
+			ro, err := old[i].reserve(ctx, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt, err := twin[i].reserve(ctx, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ro.ok != rt.ok || ro.tick != rt.tick || ro.wait != rt.wait || ro.reason != rt.reason {
+				t.Fatalf("%s, %s: %+v; its twin in this layout: %+v", when, old[i].name, ro, rt)
+			}
+			if ro.ok {
+				granted++
+			}
+		}
+		return granted
+	}
+	for range 12 {
+		step("before the downgrade", 120*time.Millisecond)
+	}
+	// Layout 4's state: the gate hashes' run tagged l4:, the total's
+	// numbers in fields, its run the server's run_id alone.
+	run := rdb.HGet(ctx, old[0].keys.gate, "run").Val()
+	server := strings.TrimPrefix(run, runTag)
+	if server == run || server == "" {
+		t.Fatalf("the gate hash's run %q is not tagged %s with a server", run, runTag)
+	}
+	for _, b := range old {
+		if err := rdb.HSet(ctx, b.keys.gate, "run", "l4:"+server).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := old[0].keys.total
+	tl := rdb.HGet(ctx, k, "tl").Val()
+	if len(tl) != 64 {
+		t.Fatalf("the total's tl is %d bytes, want 8 doubles", len(tl))
+	}
+	names := []string{"last", "n", "kept", "blocked", "costly_until", "share", "share_at", "cleared"}
+	fields := []any{"run", server}
+	for i, name := range names {
+		v := math.Float64frombits(binary.LittleEndian.Uint64([]byte(tl[8*i : 8*i+8])))
+		if v == -1 || (v == 0 && name == "costly_until") {
+			continue // not set: layout 4 had no field
+		}
+		fields = append(fields, name, strconv.FormatFloat(v, 'f', -1, 64))
+	}
+	if err := rdb.HDel(ctx, k, "tl").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.ZAdd(ctx, b.keys.tags, set...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.RPush(ctx, b.keys.oldTicks, old...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.HSet(ctx, b.keys.gate, "run", "l3:"+strings.TrimPrefix(run, runTag)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	before, err := b.limitUse(ctx)
-	if err != nil {
+	if err := rdb.HSet(ctx, k, fields...).Err(); err != nil {
 		t.Fatal(err)
 	}
 
-	clk.set(rs[4].tick)
-	r, err := b.reserve(ctx, Request{Tag: "w|vendor:acme|after"})
-	if err != nil {
-		t.Fatal(err)
+	// The first calls after come at the moment of the last ones, a new
+	// account's among them: the total's last tick is what keeps them
+	// apart.
+	joined = true
+	granted := step("at the downgrade", 0)
+	for range 12 {
+		granted += step("after the downgrade", 120*time.Millisecond)
 	}
-	iv, _ := b.Policy().Tick()
-	if !r.ok || r.tick != rs[4].tick+iv.Microseconds() {
-		t.Fatalf("the first grant on the converted state: %+v; want the tick one interval (%v) after the last one, %d", r, iv, rs[4].tick)
+	if granted == 0 {
+		t.Fatal("no call granted after the conversion")
 	}
-	if got := rdb.HGet(ctx, b.keys.gate, "run").Val(); got != run {
-		t.Errorf("run %q after the conversion, want %q", got, run)
+	if got := rdb.HGet(ctx, k, "run").Val(); got != run {
+		t.Errorf("the total's run %q after the conversion, want %q", got, run)
 	}
-	if n := rdb.Exists(ctx, b.keys.oldTicks).Val(); n != 0 {
-		t.Errorf("the old ticks list is still there")
+	if n := rdb.HExists(ctx, k, "last").Val(); n || rdb.HGet(ctx, k, "tl").Val() == "" {
+		t.Errorf("the total keeps its numbers in fields after the conversion: %v", rdb.HGetAll(ctx, k).Val())
 	}
-	got, err := b.tagged(ctx, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var have, want []string
-	for _, tg := range got {
-		have = append(have, fmt.Sprintf("%s@%d", tg.Tag, tg.Tick.UnixMicro()))
-	}
-	for _, x := range append(rs, r) {
-		want = append(want, fmt.Sprintf("%s@%d", x.tag, x.tick))
-	}
-	if fmt.Sprint(have) != fmt.Sprint(want) {
-		t.Errorf("the record after the conversion:\n%v\nwant\n%v", have, want)
-	}
-	judged, err := countedTicks.Run(ctx, rdb, []string{b.keys.ticks}).StringSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantJudged := fmt.Sprint([]int64{r.tick, rs[4].tick, rs[2].tick, rs[1].tick, rs[0].tick})
-	if fmt.Sprint(judged) != wantJudged {
-		t.Errorf("the judge sees %v, want %s (the given-up tick left out)", judged, wantJudged)
-	}
-	after, err := b.limitUse(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range after {
-		if after[i].Limit.Window == time.Hour && after[i].Used != before[i].Used+1 {
-			t.Errorf("the hour's quota counts %d units after one more grant, %d before", after[i].Used, before[i].Used)
+	for i := range old {
+		if got := rdb.HGet(ctx, old[i].keys.gate, "run").Val(); got != run {
+			t.Errorf("%s: run %q after the conversion, want %q", old[i].name, got, run)
+		}
+		uo, err := old[i].limitUse(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ut, err := twin[i].limitUse(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(uo) != fmt.Sprint(ut) {
+			t.Errorf("%s: quotas %v after the conversion; its twin's %v", old[i].name, uo, ut)
 		}
 	}
 }
