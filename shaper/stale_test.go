@@ -626,11 +626,3 @@ func convertsOnFirstTouch(t *testing.T, burst int) {
 		}
 	}
 }
-
-// packedTick is a tick as a ticks list holds it on a Redis with Lua's
-// struct (tick_item): a little-endian double.
-func packedTick(tick int64) string {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], math.Float64bits(float64(tick)))
-	return string(b[:])
-}
