@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -124,6 +125,35 @@ func TestLuaBudget(t *testing.T) {
 	for name := range luaCeilings {
 		if _, ok := texts[name]; !ok {
 			t.Errorf("luaCeilings names %s, which luaTexts does not read", name)
+		}
+	}
+}
+
+// TestLuaConstantsDefined: every constant a Lua text names (a word in
+// capitals outside its quoted strings: SPENT, NEED_STATE, TOTAL_NONE)
+// is defined in that same text (local NAME, or a local list naming it),
+// KEYS and ARGV aside. Lua reads an undefined global as nil in a script
+// and as an error in a function, at run time only: the apply script
+// named SPENT through respaceLua without defining it, and judging a
+// rate-limited answer that respaced failed (TestLongConvergesOnTheTrueLimit,
+// in CI's long run).
+func TestLuaConstantsDefined(t *testing.T) {
+	quoted := regexp.MustCompile(`'[^'\n]*'|"[^"\n]*"|--[^\n]*`)
+	word := regexp.MustCompile(`\b[A-Z][A-Z0-9_]+\b`)
+	defined := regexp.MustCompile(`(?m)^\s*local\s+([A-Z0-9_, ]+?)\s*=`)
+	for name, text := range luaTexts() {
+		code := quoted.ReplaceAllString(text, "''")
+		have := map[string]bool{"KEYS": true, "ARGV": true}
+		for _, m := range defined.FindAllStringSubmatch(code, -1) {
+			for _, d := range strings.Split(m[1], ",") {
+				have[strings.TrimSpace(d)] = true
+			}
+		}
+		for _, w := range word.FindAllString(code, -1) {
+			if !have[w] {
+				t.Errorf("%s names %s, which it does not define", name, w)
+				have[w] = true // once per text
+			}
 		}
 	}
 }

@@ -38,7 +38,7 @@ const respaceSlack = 100 * time.Millisecond
 // was published), else 0. When it writes a new 'wide', the line's entry
 // of the widest tick is zeroed: the next grant reads 'wide' (see
 // wide_entry).
-var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + spentLua + widestLua + respaceLua + `
+var respaceScript = redis.NewScript(nowLua + fmtLua + lineFieldLua + widestLua + respaceLua + `
 local k_gate = KEYS[1]
 local a_slack, a_channel, a_bucket, a_mine, a_live = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_us()
@@ -57,7 +57,8 @@ return respace(k_gate, now, a_slack, a_channel, a_bucket)
 // the bucket's line of reserved ticks reaches beyond now + slack, it
 // restarts there (the line's last tick is spent, the next comes one
 // interval after), the respace is published, and it returns 1; else 0.
-const respaceLua = `
+// It brings SPENT (spentLua) with it: the apply script respaces too.
+const respaceLua = spentLua + `
 local function respace(k_gate, now, slack, channel, bucket)
   local at = now + slack
   local last, _, gm, gc, kept = read_line(redis.call('HGET', k_gate, 'line'))
