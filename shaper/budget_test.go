@@ -36,7 +36,7 @@ var luaCeilings = map[string]int{
 	"countUsedScript":  177, // counter_adopt; counter_add without a table
 	"limitsScript":     164, // counter_adopt; counter_add without a table
 	"refusedScript":    134, // unsend, and the judge skips kept items; gate_kept: a control hash outlives the gate's keys (reachLua)
-	"applyScript":      89,  // gate_kept: a control hash outlives the gate's keys (reachLua)
+	"applyScript":      90,  // gate_kept: a control hash outlives the gate's keys (reachLua); SPENT, which its respace names
 	"planScript":       79,  // read_total (layout 5)
 	"statsScript":      52,  // fmt keeps its last string (fmtLua)
 	"respaceScript":    66,  // widest itself (17 lines); fmt keeps its last string (fmtLua)
