@@ -61,7 +61,8 @@ end
 // nil means something: no tick yet (last), no share computed (share), no
 // slot cleared (cleared). As doubles where Lua has struct, else as text.
 //
-// read_total(tl, ts): tl's numbers into ts (ts.last nil: no total).
+// read_total(tl, ts): tl's numbers into ts (ts.last nil: no total), by
+// total_from(ts, last, ...), which total_adopt uses too.
 //
 // save_total(k_total, ts, run) (totalSaveLua, the grants' only): ts's
 // numbers into tl, and run when given; returns tl.
@@ -73,17 +74,17 @@ end
 const totalStateLua = `
 local TOTAL_NONE = -1
 local function or_none(v) if v ~= TOTAL_NONE then return v end end
-local function read_total(tl, ts)
-  local last, n, kept, blocked, costly, share, share_at, cleared
-  if form() and tl and #tl == 64 then
-    last, n, kept, blocked, costly, share, share_at, cleared = packer.unpack('<dddddddd', tl)
-  elseif not packer and tl then
-    last, n, kept, blocked, costly, share, share_at, cleared = string.match(tl,
-      '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]+)|(%d+)|(%-?%d+)$')
-  end
+local function total_from(ts, last, n, kept, blocked, costly, share, share_at, cleared)
   ts.last, ts.n, ts.kept, ts.blocked = or_none(tonumber(last)), tonumber(n) or 0, tonumber(kept) or 0, tonumber(blocked) or 0
   ts.costly_until, ts.share, ts.share_at, ts.cleared = tonumber(costly) or 0, or_none(tonumber(share)), tonumber(share_at) or 0,
     or_none(tonumber(cleared))
+end
+local function read_total(tl, ts)
+  if form() and tl and #tl == 64 then return total_from(ts, packer.unpack('<dddddddd', tl)) end
+  if not packer and tl then
+    return total_from(ts, string.match(tl, '^(%-?%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]+)|(%d+)|(%-?%d+)$'))
+  end
+  total_from(ts)
 end
 `
 
@@ -103,9 +104,8 @@ end
 const totalAdoptLua = `
 local function total_adopt(k_total, old_run)
   local names = {'last', 'n', 'kept', 'blocked', 'costly_until', 'share', 'share_at', 'cleared'}
-  local v, ts = redis.call('HMGET', k_total, unpack(names)), {}
-  ts.last, ts.n, ts.kept, ts.blocked = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0
-  ts.costly_until, ts.share, ts.share_at, ts.cleared = tonumber(v[5]) or 0, tonumber(v[6]), tonumber(v[7]) or 0, tonumber(v[8])
+  local ts = {}
+  total_from(ts, unpack(redis.call('HMGET', k_total, unpack(names))))
   local tl = save_total(k_total, ts, run_of(old_run))
   redis.call('HDEL', k_total, unpack(names))
   return tl
